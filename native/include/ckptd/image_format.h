@@ -1,0 +1,274 @@
+/*
+ * ckptd process image, version 1: the layout of core.img.
+ *
+ * One core.img per process holds everything except page contents, which go
+ * to pages.img (raw 4 KiB pages, referenced by ck_page_run).  Written by the
+ * shim (native/shim), read by the restorer (native/restorer) and, through
+ * cffi, by the Python agent (ckptd/image/core.py).  The part between the
+ * CFFI markers must stay parseable by cffi's cdef(): fixed-width types,
+ * plain #define integer constants, no attributes.  Every struct is laid out
+ * with explicit padding so that C and cffi agree on offsets;
+ * native/common/layout_check.c asserts the sizes at build time.
+ *
+ * Strings (paths) live in the STRINGS section and are referenced by their
+ * byte offset in it; offset 0 is the empty string.
+ */
+#ifndef CKPTD_IMAGE_FORMAT_H
+#define CKPTD_IMAGE_FORMAT_H
+#include <stdint.h>
+
+/* BEGIN CFFI */
+#define CK_CORE_MAGIC 0x45524f4354504b43   /* "CKPTCORE" as little-endian bytes */
+#define CK_CORE_VERSION 1
+#define CK_MAX_SECTIONS 16
+#define CK_PAGE_SIZE 4096
+
+/* section types */
+#define CK_SEC_PROC 1
+#define CK_SEC_THREADS 2
+#define CK_SEC_VMAS 3
+#define CK_SEC_RUNS 4
+#define CK_SEC_FDS 5
+#define CK_SEC_EPOLL 6
+#define CK_SEC_SIGACTS 7
+#define CK_SEC_RLIMITS 8
+#define CK_SEC_PENDING 9
+#define CK_SEC_FILES 10
+#define CK_SEC_AUXV 11
+#define CK_SEC_STRINGS 12
+#define CK_SEC_BLOB 13
+
+struct ck_section {
+    uint32_t type;
+    uint32_t count;     /* number of records (or bytes for blobs) */
+    uint64_t offset;    /* from the start of core.img */
+    uint64_t size;      /* bytes */
+};
+
+struct ck_header {
+    uint64_t magic;
+    uint32_t version;
+    uint32_t nsections;
+    uint64_t file_size;         /* whole core.img */
+    uint64_t pages_size;        /* whole pages.img */
+    struct ck_section sections[16];
+};
+
+/* saved callee-saved context: where a parked thread resumes (see ctx.S) */
+struct ck_jmpctx {
+    uint64_t rbx;
+    uint64_t rbp;
+    uint64_t r12;
+    uint64_t r13;
+    uint64_t r14;
+    uint64_t r15;
+    uint64_t rsp;
+    uint64_t rip;
+    uint32_t mxcsr;
+    uint32_t fpucw;
+};
+
+#define CK_THREAD_MAIN 1          /* the thread-group leader (tid == pid) */
+#define CK_THREAD_CHECKPOINTER 2  /* the shim's own checkpoint thread */
+
+struct ck_thread {
+    int32_t tid;                /* as the process sees it (inside its pid ns) */
+    uint32_t flags;
+    uint64_t fs_base;
+    uint64_t gs_base;
+    uint64_t clear_child_tid;   /* set_tid_address(); glibc's pthread join word */
+    uint64_t robust_list;
+    uint64_t robust_len;
+    uint64_t rseq_addr;         /* 0: not registered */
+    uint32_t rseq_len;
+    uint32_t rseq_sig;
+    uint64_t sigmask;           /* blocked set while running normally */
+    uint32_t cap_effective[2];
+    uint32_t cap_permitted[2];
+    uint32_t cap_inheritable[2];
+    uint32_t pad0;
+    uint32_t pad1;
+    struct ck_jmpctx ctx;
+    char comm[16];
+};
+
+/* ck_vma.flags */
+#define CK_VMA_SHARED 0x1        /* MAP_SHARED */
+#define CK_VMA_FILE 0x2          /* backed by a file that is mapped again */
+#define CK_VMA_ANON 0x4          /* anonymous (private or shared) */
+#define CK_VMA_GROWSDOWN 0x8
+#define CK_VMA_STACK 0x10        /* [stack] */
+#define CK_VMA_HEAP 0x20         /* [heap] */
+#define CK_VMA_VDSO 0x40         /* [vdso]: moved, not dumped */
+#define CK_VMA_VVAR 0x80         /* [vvar] and [vvar_vclock]: moved, not dumped */
+#define CK_VMA_NORESERVE 0x100
+#define CK_VMA_NOCONTENT 0x200   /* shim scratch: comes back empty */
+#define CK_VMA_DELETED 0x400     /* file gone: contents saved in full, restored anonymous */
+#define CK_VMA_LOCKED 0x800
+
+/* ck_vma.madv: advice replayed with madvise() */
+#define CK_MADV_HUGEPAGE 0x1
+#define CK_MADV_NOHUGEPAGE 0x2
+#define CK_MADV_DONTFORK 0x4
+#define CK_MADV_WIPEONFORK 0x8
+#define CK_MADV_DONTDUMP 0x10
+#define CK_MADV_MERGEABLE 0x20
+#define CK_MADV_RANDOM 0x40
+#define CK_MADV_SEQUENTIAL 0x80
+
+struct ck_vma {
+    uint64_t start;
+    uint64_t end;
+    uint64_t pgoff;             /* file offset in bytes */
+    uint32_t prot;              /* PROT_* */
+    uint32_t flags;             /* CK_VMA_* */
+    uint32_t madv;              /* CK_MADV_* */
+    uint32_t path;              /* string offset; 0 for anonymous */
+    uint64_t dev;
+    uint64_t ino;
+    uint64_t file_size;         /* identity of the file at checkpoint */
+    int64_t mtime_ns;
+    uint64_t first_run;         /* index into RUNS */
+    uint64_t nruns;
+};
+
+struct ck_page_run {
+    uint64_t vaddr;
+    uint64_t npages;
+    uint64_t offset;            /* in pages.img */
+};
+
+/* ck_fd.type */
+#define CK_FD_REG 1
+#define CK_FD_DIR 2
+#define CK_FD_CHR 3              /* character device reopened by path (/dev/null...) */
+#define CK_FD_PIPE 4             /* pipe with both ends inside the process */
+#define CK_FD_EVENTFD 5
+#define CK_FD_EPOLL 6
+#define CK_FD_STDIO 7            /* pipe/tty/socket outside the job: reconnected to the job's log */
+#define CK_FD_DUP 8              /* same open file description as ck_fd.dup_of */
+
+/* ck_fd.flags */
+#define CK_FDF_PIPE_WRITE_END 0x1
+#define CK_FDF_EVENTFD_SEMAPHORE 0x2
+#define CK_FDF_WRITTEN 0x4       /* regular file open for writing: content saved */
+
+struct ck_fd {
+    int32_t fd;
+    uint32_t type;
+    uint32_t open_flags;        /* F_GETFL */
+    uint32_t fd_flags;          /* F_GETFD */
+    uint32_t flags;             /* CK_FDF_* */
+    uint32_t path;              /* string offset */
+    int32_t dup_of;             /* CK_FD_DUP: lower fd sharing the description */
+    uint32_t mode;              /* st_mode */
+    uint64_t pos;
+    uint64_t dev;
+    uint64_t ino;               /* pipe id for CK_FD_PIPE */
+    uint64_t size;
+    int64_t mtime_ns;
+    uint64_t data_off;          /* CK_FD_PIPE: buffered bytes in BLOB */
+    uint64_t data_len;
+    uint64_t pipe_size;         /* F_GETPIPE_SZ */
+    uint64_t evcount;           /* eventfd counter */
+    uint32_t first_epoll;       /* CK_FD_EPOLL: index into EPOLL */
+    uint32_t nepoll;
+};
+
+struct ck_epoll_target {
+    int32_t tfd;
+    uint32_t events;
+    uint64_t data;
+};
+
+/* rt_sigaction's kernel layout, one per signal 1..64 (index sig-1) */
+struct ck_sigaction {
+    uint64_t handler;
+    uint64_t flags;
+    uint64_t restorer;
+    uint64_t mask;
+};
+
+struct ck_rlimit {
+    uint64_t cur;
+    uint64_t max;
+};
+
+/* a pending signal to raise again (tid 0: process-wide) */
+struct ck_pending {
+    int32_t tid;
+    int32_t signo;
+};
+
+/* a file the job writes: contents copied to files/<index>.data */
+#define CK_FILE_CONTENT_SAVED 0x1
+struct ck_file {
+    uint32_t path;
+    uint32_t flags;
+    uint32_t mode;
+    uint32_t index;
+    uint64_t dev;
+    uint64_t ino;
+    uint64_t size;
+    int64_t mtime_ns;
+};
+
+struct ck_itimer {
+    int64_t interval_sec;
+    int64_t interval_usec;
+    int64_t value_sec;
+    int64_t value_usec;
+};
+
+struct ck_proc {
+    int32_t pid;                /* inside the job's pid namespace */
+    int32_t ppid;
+    int32_t pgid;
+    int32_t sid;
+    int32_t host_pid;           /* informational */
+    uint32_t umask;
+    uint32_t nthreads;
+    uint32_t personality;
+    uint32_t exe;               /* string offsets */
+    uint32_t cwd;
+    uint32_t quiesce_signal;
+    uint32_t pad0;
+    uint64_t start_code;        /* mm fields for PR_SET_MM_MAP */
+    uint64_t end_code;
+    uint64_t start_data;
+    uint64_t end_data;
+    uint64_t start_brk;
+    uint64_t brk;
+    uint64_t start_stack;
+    uint64_t arg_start;
+    uint64_t arg_end;
+    uint64_t env_start;
+    uint64_t env_end;
+    uint64_t exe_dev;
+    uint64_t exe_ino;
+    uint64_t restart_info;      /* address of the shim's struct ck_restart_info */
+    uint64_t xcr0;              /* CPU state components the sigframes hold */
+    struct ck_itimer itimers[3];
+    char comm[16];
+    int64_t ckpt_realtime_ns;
+    int64_t ckpt_monotonic_ns;
+};
+/* END CFFI */
+
+/*
+ * Filled by the restorer inside the restored shim's memory before the first
+ * restored instruction runs; the shim's checkpoint thread reads it to finish
+ * the restart (unmap the restorer, reconnect to the agent).
+ */
+#define CK_RESTART_MAGIC 0x5452415453455243ull  /* "CRESTART" */
+struct ck_restart_info {
+    uint64_t magic;
+    uint64_t hole_start;        /* restorer region to unmap */
+    uint64_t hole_len;
+    uint32_t nthreads;          /* threads that will report in */
+    uint32_t arrived;           /* futex: threads that reached shim code */
+    char agent_socket[108];
+    char checkpoint_id[64];
+};
+
+#endif

@@ -1,0 +1,420 @@
+/*
+ * ckptd-init: the root of one incarnation of a job.
+ *
+ *   ckptd-init --log FILE --index FILE --control SOCKET --exit-file FILE
+ *              [--userns] [--restore] -- PROGRAM [ARGS...]
+ *
+ * Three processes, so that the job's pids are its own and its output
+ * outlives the agent:
+ *
+ *   relay (this process, host pid namespace): owns the read ends of the
+ *     job's stdout/stderr pipes and appends everything to the job's log
+ *     (FILE) plus an index of (offset, length, stream) records, so readers
+ *     can separate the streams again.  Answers DRAIN on the control socket
+ *     during a checkpoint: empties the pipes, syncs the log and reports its
+ *     size, which the checkpoint records.  Writes the job's exit status to
+ *     the exit file when it ends.
+ *   reaper (pid 1 of a fresh pid namespace, own mount namespace with its
+ *     own /proc): reaps orphans; when the job's main process exits it
+ *     reports the wait status to the relay and exits, which ends the
+ *     namespace.
+ *   job (pid 2): stdin /dev/null, stdout and stderr to the relay, its own
+ *     session; execs PROGRAM.  On restore PROGRAM is ckptd-restore, which
+ *     needs pid 2 again and, without root, the capabilities to recreate
+ *     thread ids, which --restore passes on as ambient capabilities.
+ *
+ * --userns (non-root): a user namespace mapping only the caller's own uid
+ * and gid, which is what makes the pid namespace possible without root.
+ *
+ * Statically linked, so the shim in LD_PRELOAD never loads into it.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <linux/capability.h>
+#include <sys/syscall.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#ifndef CAP_CHECKPOINT_RESTORE
+#define CAP_CHECKPOINT_RESTORE 40
+#endif
+
+struct options {
+    const char *log, *index, *control, *exit_file;
+    int userns, restore;
+    char **argv;
+};
+
+struct index_record {
+    uint64_t offset;
+    uint32_t length;
+    uint32_t stream;   /* 1 stdout, 2 stderr */
+};
+
+static void die(const char *what)
+{
+    fprintf(stderr, "ckptd-init: %s: %s\n", what, strerror(errno));
+    exit(125);
+}
+
+static void usage(void)
+{
+    fprintf(stderr, "usage: ckptd-init --log FILE --index FILE --control SOCKET --exit-file FILE "
+                    "[--userns] [--restore] -- PROGRAM [ARGS...]\n");
+    exit(125);
+}
+
+static void parse(int argc, char **argv, struct options *o)
+{
+    memset(o, 0, sizeof(*o));
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--")) {
+            o->argv = argv + i + 1;
+            break;
+        } else if (!strcmp(a, "--userns")) {
+            o->userns = 1;
+        } else if (!strcmp(a, "--restore")) {
+            o->restore = 1;
+        } else if (i + 1 < argc && !strcmp(a, "--log")) {
+            o->log = argv[++i];
+        } else if (i + 1 < argc && !strcmp(a, "--index")) {
+            o->index = argv[++i];
+        } else if (i + 1 < argc && !strcmp(a, "--control")) {
+            o->control = argv[++i];
+        } else if (i + 1 < argc && !strcmp(a, "--exit-file")) {
+            o->exit_file = argv[++i];
+        } else {
+            usage();
+        }
+    }
+    if (!o->log || !o->index || !o->control || !o->exit_file || !o->argv || !o->argv[0])
+        usage();
+}
+
+static int write_all(int fd, const void *p, size_t n)
+{
+    const char *c = p;
+    while (n) {
+        ssize_t w = write(fd, c, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return -1;
+        c += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+static void write_proc_file(const char *path, const char *text)
+{
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0)
+        die(path);
+    if (write_all(fd, text, strlen(text)) < 0)
+        die(path);
+    if (close(fd) < 0)
+        die(path);
+}
+
+static void enter_namespaces(const struct options *o)
+{
+    uid_t uid = getuid();
+    gid_t gid = getgid();
+    int flags = CLONE_NEWPID | CLONE_NEWNS;
+    if (o->userns)
+        flags |= CLONE_NEWUSER;
+    if (unshare(flags) < 0)
+        die(o->userns ? "cannot create user/pid/mount namespaces (unprivileged user namespaces disabled?)"
+                      : "cannot create pid/mount namespaces");
+    if (o->userns) {
+        char map[64];
+        write_proc_file("/proc/self/setgroups", "deny");
+        snprintf(map, sizeof(map), "%u %u 1\n", (unsigned)uid, (unsigned)uid);
+        write_proc_file("/proc/self/uid_map", map);
+        snprintf(map, sizeof(map), "%u %u 1\n", (unsigned)gid, (unsigned)gid);
+        write_proc_file("/proc/self/gid_map", map);
+    }
+}
+
+/* ---- the job (pid 2) ---- */
+
+static void raise_ambient(int cap)
+{
+    struct __user_cap_header_struct h = {_LINUX_CAPABILITY_VERSION_3, 0};
+    struct __user_cap_data_struct d[2];
+    if (syscall(SYS_capget, &h, d) < 0)
+        die("capget");
+    d[cap / 32].inheritable |= 1u << (cap % 32);
+    if (syscall(SYS_capset, &h, d) < 0)
+        die("cannot make a capability inheritable");
+    if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, cap, 0, 0) < 0)
+        die("cannot raise an ambient capability");
+}
+
+static void run_job(const struct options *o, int out_w, int err_w)
+{
+    int devnull = open("/dev/null", O_RDONLY);
+    if (devnull < 0)
+        die("/dev/null");
+    if (dup2(devnull, 0) < 0 || dup2(out_w, 1) < 0 || dup2(err_w, 2) < 0)
+        die("dup2");
+    closefrom(3);
+    if (setsid() < 0)
+        die("setsid");
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    for (int s = 1; s < NSIG; s++)
+        signal(s, SIG_DFL);
+    if (o->restore && o->userns) {
+        /* rebuilding thread ids and /proc/self/exe needs these in the
+         * namespace; the restorer drops them before the job runs */
+        raise_ambient(CAP_SYS_ADMIN);
+        raise_ambient(CAP_CHECKPOINT_RESTORE);
+    }
+    execvp(o->argv[0], o->argv);
+    fprintf(stderr, "ckptd: cannot run %s: %s\n", o->argv[0], strerror(errno));
+    _exit(errno == ENOENT ? 127 : 126);
+}
+
+/* ---- the reaper (pid 1) ---- */
+
+static void run_reaper(const struct options *o, int out_w, int err_w, int status_w)
+{
+    char msg[64];
+    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+        die("cannot make mounts private");
+    if (mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
+        die("cannot mount /proc for the job's pid namespace");
+    pid_t job = fork();
+    if (job < 0)
+        die("fork");
+    if (job == 0) {
+        close(status_w);
+        run_job(o, out_w, err_w);
+    }
+    close(out_w);
+    close(err_w);
+    for (;;) {
+        int st;
+        pid_t p = wait(&st);
+        if (p < 0 && errno == EINTR)
+            continue;
+        if (p < 0)
+            die("wait");
+        if (p == job) {
+            snprintf(msg, sizeof(msg), "EXIT %d\n", st);
+            write_all(status_w, msg, strlen(msg));
+            _exit(0);  /* ends the namespace: the kernel kills what is left */
+        }
+    }
+}
+
+/* ---- the relay (host side) ---- */
+
+struct relay {
+    int log_fd, index_fd;
+    uint64_t log_size, index_size;
+    int pipes[2];     /* read ends: stdout, stderr; -1 at EOF */
+};
+
+static void relay_chunk(struct relay *r, int stream, const char *buf, size_t n)
+{
+    struct index_record rec = {r->log_size, (uint32_t)n, (uint32_t)stream};
+    if (write_all(r->log_fd, buf, n) < 0 || write_all(r->index_fd, &rec, sizeof(rec)) < 0)
+        return;  /* disk full: output is lost, the job goes on */
+    r->log_size += n;
+    r->index_size += sizeof(rec);
+}
+
+/* read what is available on one pipe; returns 0 at EOF */
+static int relay_pipe(struct relay *r, int which)
+{
+    char buf[65536];
+    for (;;) {
+        ssize_t n = read(r->pipes[which], buf, sizeof(buf));
+        if (n > 0) {
+            relay_chunk(r, which + 1, buf, (size_t)n);
+            continue;
+        }
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && errno == EAGAIN)
+            return 1;
+        close(r->pipes[which]);
+        r->pipes[which] = -1;
+        return 0;
+    }
+}
+
+static void answer_control(struct relay *r, int client)
+{
+    char req[64], reply[128];
+    ssize_t n = read(client, req, sizeof(req) - 1);
+    if (n <= 0)
+        return;
+    req[n] = 0;
+    if (!strncmp(req, "DRAIN", 5)) {
+        for (int i = 0; i < 2; i++)
+            if (r->pipes[i] >= 0)
+                relay_pipe(r, i);
+        fdatasync(r->log_fd);
+        fdatasync(r->index_fd);
+        snprintf(reply, sizeof(reply), "OK log=%llu index=%llu\n",
+                 (unsigned long long)r->log_size, (unsigned long long)r->index_size);
+    } else if (!strncmp(req, "PING", 4)) {
+        snprintf(reply, sizeof(reply), "PONG\n");
+    } else {
+        snprintf(reply, sizeof(reply), "ERROR unknown request\n");
+    }
+    write_all(client, reply, strlen(reply));
+}
+
+static int listen_control(const char *path)
+{
+    struct sockaddr_un sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sun_family = AF_UNIX;
+    if (strlen(path) >= sizeof(sa.sun_path)) {
+        errno = ENAMETOOLONG;
+        die(path);
+    }
+    strcpy(sa.sun_path, path);
+    unlink(path);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 || listen(fd, 8) < 0)
+        die(path);
+    return fd;
+}
+
+static int open_append(const char *path, uint64_t *size)
+{
+    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) < 0)
+        die(path);
+    *size = (uint64_t)st.st_size;
+    return fd;
+}
+
+static void write_exit_file(const char *path, int status)
+{
+    char tmp[4200], text[128];
+    if (WIFSIGNALED(status))
+        snprintf(text, sizeof(text), "{\"signal\": %d}\n", WTERMSIG(status));
+    else
+        snprintf(text, sizeof(text), "{\"exit_code\": %d}\n", WEXITSTATUS(status));
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return;
+    int ok = write_all(fd, text, strlen(text)) == 0 && fsync(fd) == 0;
+    if (close(fd) == 0 && ok)
+        rename(tmp, path);
+}
+
+int main(int argc, char **argv)
+{
+    struct options o;
+    struct relay r;
+    int out[2], err[2], st[2];
+
+    parse(argc, argv, &o);
+    signal(SIGPIPE, SIG_IGN);
+    signal(SIGHUP, SIG_IGN);
+    unlink(o.exit_file);
+    r.log_fd = open_append(o.log, &r.log_size);
+    r.index_fd = open_append(o.index, &r.index_size);
+    int ctl = listen_control(o.control);
+    if (pipe2(out, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0 || pipe2(st, O_CLOEXEC) < 0)
+        die("pipe");
+    enter_namespaces(&o);
+
+    pid_t reaper = fork();
+    if (reaper < 0)
+        die("fork");
+    if (reaper == 0) {
+        close(out[0]);
+        close(err[0]);
+        close(st[0]);
+        close(ctl);
+        /* the job's ends must survive exec in pid 2; drop CLOEXEC there */
+        run_reaper(&o, out[1], err[1], st[1]);
+    }
+    close(out[1]);
+    close(err[1]);
+    close(st[1]);
+    r.pipes[0] = out[0];
+    r.pipes[1] = err[0];
+    fcntl(out[0], F_SETFL, O_NONBLOCK);
+    fcntl(err[0], F_SETFL, O_NONBLOCK);
+
+    int status = -1, have_status = 0, reaper_done = 0;
+    for (;;) {
+        struct pollfd pfd[4];
+        int n = 0;
+        pfd[n++] = (struct pollfd){ctl, POLLIN, 0};
+        pfd[n++] = (struct pollfd){have_status ? -1 : st[0], POLLIN, 0};
+        pfd[n++] = (struct pollfd){r.pipes[0], POLLIN, 0};
+        pfd[n++] = (struct pollfd){r.pipes[1], POLLIN, 0};
+        int rc = poll(pfd, (nfds_t)n, 200);
+        if (rc < 0 && errno != EINTR)
+            die("poll");
+        if (rc > 0) {
+            if (pfd[0].revents & POLLIN) {
+                int client = accept4(ctl, NULL, NULL, SOCK_CLOEXEC);
+                if (client >= 0) {
+                    answer_control(&r, client);
+                    close(client);
+                }
+            }
+            if (pfd[1].revents) {
+                char msg[64];
+                ssize_t m = read(st[0], msg, sizeof(msg) - 1);
+                if (m > 0) {
+                    msg[m] = 0;
+                    if (sscanf(msg, "EXIT %d", &status) == 1)
+                        have_status = 1;
+                } else {
+                    close(st[0]);
+                    st[0] = -1;
+                }
+            }
+            for (int i = 0; i < 2; i++)
+                if (pfd[2 + i].revents && r.pipes[i] >= 0)
+                    relay_pipe(&r, i);
+        }
+        if (!reaper_done) {
+            int rs;
+            if (waitpid(reaper, &rs, WNOHANG) == reaper) {
+                reaper_done = 1;
+                if (!have_status)
+                    status = rs;  /* the reaper itself died (killed) */
+                have_status = 1;
+            }
+        }
+        /* done once the reaper is gone and every writer has closed */
+        if (reaper_done && r.pipes[0] < 0 && r.pipes[1] < 0)
+            break;
+    }
+    write_exit_file(o.exit_file, status);
+    close(ctl);
+    unlink(o.control);
+    if (WIFSIGNALED(status))
+        return 128 + WTERMSIG(status);
+    return WEXITSTATUS(status);
+}

@@ -1,0 +1,167 @@
+/*
+ * Descriptors come back at their numbers with their flags and offsets.
+ * Each is first created at a high scratch number, then dup3'd into place,
+ * so creating one never lands on a number another still needs.  Order:
+ * everything but dups and epoll targets, then dups (which name a lower
+ * descriptor), then epoll registrations (which name any descriptor).
+ */
+#include "restorer.h"
+
+#include <errno.h>
+#include <sys/epoll.h>
+
+#ifndef F_SETPIPE_SZ
+#define F_SETPIPE_SZ 1031
+#endif
+
+/* status flags F_SETFL can change */
+#define SETFL_MASK (O_APPEND | O_ASYNC | O_DIRECT | O_NOATIME | O_NONBLOCK)
+
+static int scratch_fd(long fd, const char *what, const char *detail)
+{
+    if (fd < 0)
+        rst_fail(what, detail, fd);
+    long high = ck_fcntl((int)fd, F_DUPFD_CLOEXEC, rst.maxfd + 16);
+    if (high < 0)
+        rst_fail("cannot move a descriptor out of the way", 0, high);
+    ck_close((int)fd);
+    return (int)high;
+}
+
+static void place(int tmp, const struct ck_fd *f)
+{
+    long rc = ck_dup3(tmp, f->fd, (f->fd_flags & FD_CLOEXEC) ? O_CLOEXEC : 0);
+    if (rc < 0)
+        rst_fail("cannot put a descriptor in place", 0, rc);
+    ck_fcntl(f->fd, F_SETFL, (long)(f->open_flags & SETFL_MASK));
+}
+
+/* pipes with both ends inside the process: one kernel pipe per inode */
+struct made_pipe {
+    uint64_t ino;
+    int rfd, wfd;
+};
+
+static struct made_pipe *pipe_for(const struct rst_image *im, struct made_pipe *pipes, int *npipes, uint64_t ino)
+{
+    for (int i = 0; i < *npipes; i++)
+        if (pipes[i].ino == ino)
+            return &pipes[i];
+    int p[2];
+    long rc = ck_pipe2(p, O_CLOEXEC);
+    if (rc < 0)
+        rst_fail("cannot create a pipe", 0, rc);
+    struct made_pipe *mp = &pipes[(*npipes)++];
+    mp->ino = ino;
+    mp->rfd = scratch_fd(p[0], "pipe", 0);
+    mp->wfd = scratch_fd(p[1], "pipe", 0);
+    /* size first, then the bytes that were in flight */
+    for (uint32_t i = 0; i < im->nfds; i++) {
+        const struct ck_fd *f = &im->fds[i];
+        if (f->type != CK_FD_PIPE || f->ino != ino)
+            continue;
+        if (f->pipe_size)
+            ck_fcntl(mp->wfd, F_SETPIPE_SZ, (long)f->pipe_size);
+        if (f->data_len) {
+            uint64_t done = 0;
+            while (done < f->data_len) {
+                long n = ck_write(mp->wfd, im->blob + f->data_off + done, f->data_len - done);
+                if (n <= 0)
+                    rst_fail("cannot refill a pipe", 0, n);
+                done += (uint64_t)n;
+            }
+        }
+    }
+    return mp;
+}
+
+void rst_restore_fds(const struct rst_image *im)
+{
+    /* at most one pipe per two descriptors; the scratch area holds them */
+    struct made_pipe *pipes = (void *)(rst.hole_start + rst.scratch_off);
+    int npipes = 0;
+
+    for (uint32_t i = 0; i < im->nfds; i++) {
+        const struct ck_fd *f = &im->fds[i];
+        const char *path = rst_str(im, f->path);
+        int tmp = -1;
+        switch (f->type) {
+        case CK_FD_REG: {
+            int flags = (int)(f->open_flags & ~(uint32_t)(O_CREAT | O_TRUNC | O_EXCL)) | O_CLOEXEC;
+            tmp = scratch_fd(ck_open(path, flags, 0), "cannot reopen a file", path);
+            long rc = ck_lseek(tmp, (int64_t)f->pos, SEEK_SET);
+            if (rc < 0)
+                rst_fail("cannot seek a reopened file", path, rc);
+            break;
+        }
+        case CK_FD_DIR:
+            tmp = scratch_fd(ck_open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0), "cannot reopen a directory", path);
+            break;
+        case CK_FD_CHR:
+            tmp = scratch_fd(ck_open(path, (int)(f->open_flags & O_ACCMODE) | O_CLOEXEC, 0), "cannot reopen a device", path);
+            break;
+        case CK_FD_STDIO:
+            /* the pipe or terminal is gone: stdin reads nothing, stdout and
+             * stderr go to the job's log through the agent's new pipes */
+            if (f->fd <= 2 && rst.stdio_fd[f->fd] >= 0)
+                tmp = scratch_fd(ck_fcntl(rst.stdio_fd[f->fd], F_DUPFD_CLOEXEC, 0), "stdio", 0);
+            else
+                tmp = scratch_fd(ck_open("/dev/null", O_RDWR | O_CLOEXEC, 0), "cannot open /dev/null", 0);
+            break;
+        case CK_FD_PIPE: {
+            struct made_pipe *mp = pipe_for(im, pipes, &npipes, f->ino);
+            int end = (f->flags & CK_FDF_PIPE_WRITE_END) ? mp->wfd : mp->rfd;
+            tmp = scratch_fd(ck_fcntl(end, F_DUPFD_CLOEXEC, 0), "pipe", 0);
+            break;
+        }
+        case CK_FD_EVENTFD: {
+            int flags = (f->flags & CK_FDF_EVENTFD_SEMAPHORE) ? 1 /* EFD_SEMAPHORE */ : 0;
+            tmp = scratch_fd(ck_eventfd2(0, flags | O_CLOEXEC), "cannot create an eventfd", 0);
+            if (f->evcount) {
+                uint64_t v = f->evcount;
+                long rc = ck_write(tmp, &v, sizeof(v));
+                if (rc != sizeof(v))
+                    rst_fail("cannot restore an eventfd counter", 0, rc);
+            }
+            break;
+        }
+        case CK_FD_EPOLL:
+            tmp = scratch_fd(ck_epoll_create1(O_CLOEXEC), "cannot create an epoll instance", 0);
+            break;
+        case CK_FD_DUP:
+            continue;
+        default:
+            rst_fail("corrupt image: unknown descriptor type", 0, 0);
+        }
+        place(tmp, f);
+        ck_close(tmp);
+    }
+    for (int i = 0; i < npipes; i++) {
+        ck_close(pipes[i].rfd);
+        ck_close(pipes[i].wfd);
+    }
+    for (uint32_t i = 0; i < im->nfds; i++) {
+        const struct ck_fd *f = &im->fds[i];
+        if (f->type != CK_FD_DUP)
+            continue;
+        long rc = ck_dup3(f->dup_of, f->fd, (f->fd_flags & FD_CLOEXEC) ? O_CLOEXEC : 0);
+        if (rc < 0)
+            rst_fail("cannot duplicate a descriptor", 0, rc);
+    }
+    for (uint32_t i = 0; i < im->nfds; i++) {
+        const struct ck_fd *f = &im->fds[i];
+        if (f->type != CK_FD_EPOLL)
+            continue;
+        for (uint32_t k = f->first_epoll; k < f->first_epoll + f->nepoll; k++) {
+            struct epoll_event ev;
+            ev.events = im->epoll[k].events;
+            ev.data.u64 = im->epoll[k].data;
+            long rc = ck_epoll_ctl(f->fd, EPOLL_CTL_ADD, im->epoll[k].tfd, &ev);
+            if (rc < 0)
+                rst_fail("cannot restore an epoll registration", 0, rc);
+        }
+    }
+    for (int i = 0; i < 3; i++)
+        if (rst.stdio_fd[i] >= 0)
+            ck_close(rst.stdio_fd[i]);
+}

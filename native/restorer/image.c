@@ -1,0 +1,84 @@
+/* Parsing core.img: checks every section lies inside the file. */
+#include "restorer.h"
+
+const char *rst_str(const struct rst_image *im, uint32_t off)
+{
+    if (off == 0 || off >= im->strings_size)
+        return "";
+    return im->strings + off;
+}
+
+static const void *section(const uint8_t *core, uint64_t size, const struct ck_header *h, uint32_t type,
+                           uint64_t elem, uint64_t *count)
+{
+    for (uint32_t i = 0; i < h->nsections && i < CK_MAX_SECTIONS; i++) {
+        const struct ck_section *s = &h->sections[i];
+        if (s->type != type)
+            continue;
+        if (s->offset > size || s->size > size - s->offset)
+            rst_fail("corrupt image: a section lies outside core.img", 0, 0);
+        if (elem > 1 && s->size != s->count * elem)
+            rst_fail("corrupt image: a section has the wrong record size", 0, 0);
+        *count = elem > 1 ? s->count : s->size;
+        return core + s->offset;
+    }
+    *count = 0;
+    return 0;
+}
+
+void rst_parse_image(struct rst_image *im, const uint8_t *core, uint64_t size)
+{
+    uint64_t n;
+    if (size < sizeof(struct ck_header))
+        rst_fail("corrupt image: core.img is truncated", 0, 0);
+    const struct ck_header *h = (const void *)core;
+    if (h->magic != CK_CORE_MAGIC)
+        rst_fail("not a ckptd image (bad magic in core.img)", 0, 0);
+    if (h->version != CK_CORE_VERSION)
+        rst_fail("unsupported image version", 0, 0);
+    if (h->file_size != size)
+        rst_fail("corrupt image: core.img has the wrong size", 0, 0);
+    ck_memset(im, 0, sizeof(*im));
+    im->hdr = h;
+    im->proc = section(core, size, h, CK_SEC_PROC, sizeof(struct ck_proc), &n);
+    if (!im->proc || n != 1)
+        rst_fail("corrupt image: no process record", 0, 0);
+    im->threads = section(core, size, h, CK_SEC_THREADS, sizeof(struct ck_thread), &n);
+    im->nthreads = (uint32_t)n;
+    im->vmas = section(core, size, h, CK_SEC_VMAS, sizeof(struct ck_vma), &n);
+    im->nvmas = (uint32_t)n;
+    im->runs = section(core, size, h, CK_SEC_RUNS, sizeof(struct ck_page_run), &im->nruns);
+    im->fds = section(core, size, h, CK_SEC_FDS, sizeof(struct ck_fd), &n);
+    im->nfds = (uint32_t)n;
+    im->epoll = section(core, size, h, CK_SEC_EPOLL, sizeof(struct ck_epoll_target), &n);
+    im->nepoll = (uint32_t)n;
+    im->sigacts = section(core, size, h, CK_SEC_SIGACTS, sizeof(struct ck_sigaction), &n);
+    if (n != 64)
+        rst_fail("corrupt image: signal actions missing", 0, 0);
+    im->rlimits = section(core, size, h, CK_SEC_RLIMITS, sizeof(struct ck_rlimit), &n);
+    if (n != 16)
+        rst_fail("corrupt image: resource limits missing", 0, 0);
+    im->pending = section(core, size, h, CK_SEC_PENDING, sizeof(struct ck_pending), &n);
+    im->npending = (uint32_t)n;
+    im->strings = section(core, size, h, CK_SEC_STRINGS, 1, &im->strings_size);
+    im->blob = section(core, size, h, CK_SEC_BLOB, 1, &im->blob_size);
+    im->auxv = section(core, size, h, CK_SEC_AUXV, 1, &im->auxv_size);
+    if (im->nthreads == 0 || im->nvmas == 0)
+        rst_fail("corrupt image: no threads or no memory", 0, 0);
+    if (im->strings_size == 0 || im->strings[im->strings_size - 1] != 0)
+        rst_fail("corrupt image: string table", 0, 0);
+    for (uint32_t i = 0; i < im->nvmas; i++) {
+        const struct ck_vma *v = &im->vmas[i];
+        if (v->first_run > im->nruns || v->nruns > im->nruns - v->first_run || v->end <= v->start)
+            rst_fail("corrupt image: memory map", 0, 0);
+    }
+    for (uint64_t i = 0; i < im->nruns; i++)
+        if (im->runs[i].offset + im->runs[i].npages * CK_PAGE_SIZE > h->pages_size)
+            rst_fail("corrupt image: page run beyond pages.img", 0, 0);
+    for (uint32_t i = 0; i < im->nfds; i++) {
+        const struct ck_fd *f = &im->fds[i];
+        if (f->data_off + f->data_len > im->blob_size ||
+            f->first_epoll + f->nepoll > im->nepoll)
+            rst_fail("corrupt image: descriptor table", 0, 0);
+    }
+}

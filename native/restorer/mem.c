@@ -1,0 +1,259 @@
+/*
+ * The address space: choosing the restorer's hole, clearing everything else,
+ * mapping the image back, moving the kernel's vdso/vvar to where the image
+ * expects them, and the mm fields (brk, arg/env areas, auxv, exe).
+ */
+#include "restorer.h"
+
+#include <errno.h>
+#include <sys/prctl.h>
+
+#define TASK_TOP 0x7ffffffff000ull
+#define HOLE_FIRST 0x200000000ull   /* 8 GiB */
+#define HOLE_STEP 0x40000000ull     /* 1 GiB */
+
+#ifndef MAP_FIXED_NOREPLACE
+#define MAP_FIXED_NOREPLACE 0x100000
+#endif
+#ifndef MADV_WIPEONFORK
+#define MADV_WIPEONFORK 18
+#endif
+
+static int overlaps(uint64_t a0, uint64_t a1, uint64_t b0, uint64_t b1) { return a0 < b1 && b0 < a1; }
+
+static const char *special_name(const struct rst_image *im, const struct ck_vma *v)
+{
+    return (v->flags & CK_VMA_VDSO) ? "[vdso]" : rst_str(im, v->path);
+}
+
+/* The image's vdso/vvar block must match this kernel's, piece for piece. */
+void rst_check_layout(const struct rst_image *im)
+{
+    uint64_t img_base = UINT64_MAX, cur_base = UINT64_MAX;
+    int nimg = 0;
+    for (uint32_t i = 0; i < im->nvmas; i++) {
+        const struct ck_vma *v = &im->vmas[i];
+        if (v->end > TASK_TOP)
+            rst_fail("the image maps memory above the 47-bit user address space; not supported", 0, 0);
+        if (v->flags & (CK_VMA_VDSO | CK_VMA_VVAR)) {
+            nimg++;
+            if (v->start < img_base)
+                img_base = v->start;
+        }
+    }
+    for (int j = 0; j < rst.ncur_special; j++)
+        if (rst.cur_special[j].start < cur_base)
+            cur_base = rst.cur_special[j].start;
+    if (nimg != rst.ncur_special)
+        rst_fail("this kernel's vdso/vvar layout differs from the checkpointed one; restart on a node with the same kernel", 0, 0);
+    for (uint32_t i = 0; i < im->nvmas; i++) {
+        const struct ck_vma *v = &im->vmas[i];
+        if (!(v->flags & (CK_VMA_VDSO | CK_VMA_VVAR)))
+            continue;
+        const char *name = special_name(im, v);
+        int ok = 0;
+        for (int j = 0; j < rst.ncur_special; j++) {
+            const struct rst_special *s = &rst.cur_special[j];
+            if (ck_strcmp(s->name, name) == 0 && s->end - s->start == v->end - v->start &&
+                s->start - cur_base == v->start - img_base)
+                ok = 1;
+        }
+        if (!ok)
+            rst_fail("this kernel's vdso/vvar layout differs from the checkpointed one; restart on a node with the same kernel", name, 0);
+    }
+}
+
+uint64_t rst_find_hole(const struct rst_image *im, uint64_t size)
+{
+    for (uint64_t c = HOLE_FIRST; c + size < TASK_TOP - HOLE_STEP; c += HOLE_STEP) {
+        int busy = 0;
+        for (uint32_t i = 0; i < im->nvmas && !busy; i++)
+            busy = overlaps(c, c + size, im->vmas[i].start, im->vmas[i].end);
+        for (int i = 0; i < rst_ncur_maps && !busy; i++)
+            busy = overlaps(c, c + size, rst_cur_maps[i].start, rst_cur_maps[i].end);
+        if (!busy)
+            return c;
+    }
+    rst_fail("no free address range for the restorer: the image fills the address space", 0, 0);
+}
+
+/* move the kernel's vdso/vvar into the hole, keeping their relative layout */
+void rst_park_specials(void)
+{
+    uint64_t base = UINT64_MAX;
+    for (int j = 0; j < rst.ncur_special; j++)
+        if (rst.cur_special[j].start < base)
+            base = rst.cur_special[j].start;
+    for (int j = 0; j < rst.ncur_special; j++) {
+        struct rst_special *s = &rst.cur_special[j];
+        uint64_t len = s->end - s->start;
+        uint64_t to = rst.hole_start + rst.park_off + (s->start - base);
+        void *r = ck_mremap((void *)s->start, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, (void *)to);
+        if (ck_mmap_failed(r))
+            rst_fail("cannot move the vdso out of the way", s->name, (long)r);
+        s->start = to;
+        s->end = to + len;
+    }
+}
+
+void rst_unmap_all_but_hole(void)
+{
+    long rc = ck_munmap(0, rst.hole_start);
+    if (rc < 0)
+        rst_fail("cannot clear the address space below the restorer", 0, rc);
+    uint64_t end = rst.hole_start + rst.hole_len;
+    rc = ck_munmap((void *)end, TASK_TOP - end);
+    if (rc < 0)
+        rst_fail("cannot clear the address space above the restorer", 0, rc);
+}
+
+static void fill_pages(const struct rst_image *im, const struct ck_vma *v)
+{
+    for (uint64_t r = v->first_run; r < v->first_run + v->nruns; r++) {
+        const struct ck_page_run *run = &im->runs[r];
+        uint64_t len = run->npages * CK_PAGE_SIZE, done = 0;
+        if (run->vaddr < v->start || run->vaddr + len > v->end)
+            rst_fail("corrupt image: page run outside its mapping", 0, 0);
+        while (done < len) {
+            uint64_t chunk = len - done > (1ull << 30) ? (1ull << 30) : len - done;
+            long n = ck_pread(rst.pages_fd, (void *)(run->vaddr + done), chunk, run->offset + done);
+            if (n == -EINTR)
+                continue;
+            if (n <= 0)
+                rst_fail("cannot read pages.img (truncated?)", 0, n < 0 ? n : -EIO);
+            done += (uint64_t)n;
+        }
+    }
+}
+
+static void replay_advice(const struct ck_vma *v)
+{
+    static const struct {
+        uint32_t bit;
+        int advice;
+    } table[] = {
+        {CK_MADV_HUGEPAGE, MADV_HUGEPAGE}, {CK_MADV_NOHUGEPAGE, MADV_NOHUGEPAGE},
+        {CK_MADV_DONTFORK, MADV_DONTFORK}, {CK_MADV_WIPEONFORK, MADV_WIPEONFORK},
+        {CK_MADV_DONTDUMP, MADV_DONTDUMP}, {CK_MADV_MERGEABLE, MADV_MERGEABLE},
+        {CK_MADV_RANDOM, MADV_RANDOM}, {CK_MADV_SEQUENTIAL, MADV_SEQUENTIAL},
+    };
+    for (unsigned i = 0; i < sizeof(table) / sizeof(table[0]); i++)
+        if (v->madv & table[i].bit)
+            ck_madvise((void *)v->start, v->end - v->start, table[i].advice);
+}
+
+static void map_one(const struct rst_image *im, const struct ck_vma *v)
+{
+    uint64_t len = v->end - v->start;
+    int prot = (int)v->prot;
+    if (v->nruns)
+        prot |= PROT_READ | PROT_WRITE;  /* to fill; final protection below */
+    int flags = MAP_FIXED_NOREPLACE;
+    flags |= (v->flags & CK_VMA_SHARED) ? MAP_SHARED : MAP_PRIVATE;
+    if (v->flags & CK_VMA_GROWSDOWN)
+        flags |= MAP_GROWSDOWN;
+    if (v->flags & (CK_VMA_NORESERVE | CK_VMA_NOCONTENT))
+        flags |= MAP_NORESERVE;
+    long fd = -1;
+    uint64_t pgoff = 0;
+    if (v->flags & CK_VMA_FILE) {
+        const char *path = rst_str(im, v->path);
+        int acc = ((v->flags & CK_VMA_SHARED) && (v->prot & PROT_WRITE)) ? O_RDWR : O_RDONLY;
+        fd = ck_open(path, acc | O_CLOEXEC, 0);
+        if (fd < 0)
+            rst_fail("cannot open a mapped file", path, fd);
+        pgoff = v->pgoff;
+    } else {
+        flags |= MAP_ANONYMOUS;
+    }
+    void *p = ck_mmap((void *)v->start, len, prot, flags, (int)fd, (int64_t)pgoff);
+    if (fd >= 0)
+        ck_close((int)fd);
+    if (ck_mmap_failed(p) || (uint64_t)p != v->start) {
+        char where[32];
+        struct ck_buf b;
+        ck_buf_init(&b, where, sizeof(where));
+        ck_buf_str(&b, "0x");
+        ck_buf_hex(&b, v->start);
+        rst_fail("cannot map memory back at its address", where, ck_mmap_failed(p) ? (long)p : -EEXIST);
+    }
+    fill_pages(im, v);
+    if (prot != (int)v->prot) {
+        long rc = ck_mprotect((void *)v->start, len, (int)v->prot);
+        if (rc < 0)
+            rst_fail("cannot restore memory protection", 0, rc);
+    }
+    replay_advice(v);
+    if (v->flags & CK_VMA_LOCKED)
+        ck_sc2(SYS_mlock, v->start, len);  /* best effort: RLIMIT_MEMLOCK may refuse */
+}
+
+void rst_map_image(const struct rst_image *im)
+{
+    for (uint32_t i = 0; i < im->nvmas; i++) {
+        const struct ck_vma *v = &im->vmas[i];
+        if (v->flags & (CK_VMA_VDSO | CK_VMA_VVAR))
+            continue;
+        map_one(im, v);
+    }
+}
+
+void rst_place_specials(const struct rst_image *im)
+{
+    for (uint32_t i = 0; i < im->nvmas; i++) {
+        const struct ck_vma *v = &im->vmas[i];
+        if (!(v->flags & (CK_VMA_VDSO | CK_VMA_VVAR)))
+            continue;
+        const char *name = special_name(im, v);
+        for (int j = 0; j < rst.ncur_special; j++) {
+            struct rst_special *s = &rst.cur_special[j];
+            if (ck_strcmp(s->name, name) != 0)
+                continue;
+            uint64_t len = s->end - s->start;
+            void *r = ck_mremap((void *)s->start, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, (void *)v->start);
+            if (ck_mmap_failed(r))
+                rst_fail("cannot move the vdso to its checkpointed address", name, (long)r);
+        }
+    }
+}
+
+struct ck_prctl_mm_map {
+    uint64_t start_code, end_code, start_data, end_data, start_brk, brk, start_stack;
+    uint64_t arg_start, arg_end, env_start, env_end;
+    uint64_t *auxv;
+    uint32_t auxv_size;
+    uint32_t exe_fd;
+};
+
+void rst_set_mm(const struct rst_image *im)
+{
+    const struct ck_proc *p = im->proc;
+    struct ck_prctl_mm_map m;
+    ck_memset(&m, 0, sizeof(m));
+    m.start_code = p->start_code;
+    m.end_code = p->end_code;
+    m.start_data = p->start_data;
+    m.end_data = p->end_data;
+    m.start_brk = p->start_brk;
+    m.brk = p->brk;
+    m.start_stack = p->start_stack;
+    m.arg_start = p->arg_start;
+    m.arg_end = p->arg_end;
+    m.env_start = p->env_start;
+    m.env_end = p->env_end;
+    m.auxv = im->auxv_size ? (uint64_t *)im->auxv : 0;
+    m.auxv_size = (uint32_t)im->auxv_size;
+    long exe = ck_open(rst_str(im, p->exe), O_RDONLY | O_CLOEXEC, 0);
+    m.exe_fd = exe >= 0 ? (uint32_t)exe : (uint32_t)-1;
+    long rc = ck_prctl(PR_SET_MM, PR_SET_MM_MAP, (unsigned long)&m, sizeof(m), 0);
+    if (rc == -EPERM && exe >= 0) {
+        /* no CAP_CHECKPOINT_RESTORE: keep the restorer as /proc/self/exe */
+        rst_note("cannot set /proc/self/exe back to the program", rst_str(im, p->exe), rc);
+        m.exe_fd = (uint32_t)-1;
+        rc = ck_prctl(PR_SET_MM, PR_SET_MM_MAP, (unsigned long)&m, sizeof(m), 0);
+    }
+    if (exe >= 0)
+        ck_close((int)exe);
+    if (rc < 0)
+        rst_fail("cannot restore the process's brk/argv/environment/auxv fields (PR_SET_MM_MAP)", 0, rc);
+}

@@ -1,0 +1,125 @@
+/*
+ * ckptd-restore: rebuilds one process from its image, then jumps into it.
+ *
+ * A freestanding static-PIE with no libc and no relocations (the build
+ * checks), so it can copy itself anywhere.  Phase 1 runs where the kernel
+ * loaded it: read the image, check it fits this kernel and CPU, pick a hole
+ * that is free both now and in the image's address space, copy itself and
+ * the image metadata there.  Phase 2 runs in the hole: unmap everything
+ * else, rebuild memory, mm fields, process state, descriptors and threads,
+ * then every thread jumps to its saved resume point inside the shim.
+ *
+ * Nothing before the first jump may fail silently: errors go to the status
+ * file the agent reads, and the process exits 1.
+ */
+#ifndef CKPTD_RESTORER_H
+#define CKPTD_RESTORER_H
+
+#include "../common/sys.h"
+#include "../common/util.h"
+#include "../common/maps.h"
+#include "../include/ckptd/image_format.h"
+
+#define RST_MAX_SPECIAL 4        /* [vvar], [vvar_vclock], [vdso], ... */
+#define RST_THREAD_STACK (64u << 10)
+#define RST_MAIN_STACK (256u << 10)
+#define RST_SCRATCH (4u << 20)
+
+struct rst_special {
+    char name[16];
+    uint64_t start, end;
+};
+
+/* the parsed image: pointers into the core buffer */
+struct rst_image {
+    const struct ck_header *hdr;
+    const struct ck_proc *proc;
+    const struct ck_thread *threads;
+    uint32_t nthreads;
+    const struct ck_vma *vmas;
+    uint32_t nvmas;
+    const struct ck_page_run *runs;
+    uint64_t nruns;
+    const struct ck_fd *fds;
+    uint32_t nfds;
+    const struct ck_epoll_target *epoll;
+    uint32_t nepoll;
+    const struct ck_sigaction *sigacts;
+    const struct ck_rlimit *rlimits;
+    const struct ck_pending *pending;
+    uint32_t npending;
+    const char *strings;
+    uint64_t strings_size;
+    const uint8_t *blob;
+    uint64_t blob_size;
+    const uint8_t *auxv;
+    uint64_t auxv_size;
+};
+
+/*
+ * Phase-1 results carried into phase 2.  Lives in .bss, which is copied
+ * with the program, so it may hold numbers and arrays but no pointers.
+ */
+struct rst_state {
+    char image_dir[1024];
+    char agent_socket[108];
+    char checkpoint_id[64];
+    int status_fd;
+    int pages_fd;
+    int stdio_fd[3];             /* inherited stdin/stdout/stderr, moved high */
+    int maxfd;                   /* highest descriptor in the image */
+    uint64_t core_size;
+    uint64_t hole_start, hole_len;
+    uint64_t core_off;           /* offsets inside the hole */
+    uint64_t stacks_off;
+    uint64_t park_off;           /* where the vdso waits while memory is rebuilt */
+    uint64_t scratch_off;
+    struct rst_special cur_special[RST_MAX_SPECIAL];
+    int ncur_special;
+    int uid_is_root;
+};
+
+extern struct rst_state rst;
+
+/* this process's mappings before the move (phase 1) */
+struct rst_range {
+    uint64_t start, end;
+};
+extern struct rst_range rst_cur_maps[64];
+extern int rst_ncur_maps;
+
+/* start.S */
+void rst_switch_stack(uint64_t stack_top, void (*fn)(uint64_t), uint64_t arg) __attribute__((noreturn));
+long rst_clone3_thread(void *args, uint64_t size, void (*fn)(const struct ck_thread *), const struct ck_thread *t);
+void rst_jump_ctx(const struct ck_jmpctx *ctx) __attribute__((noreturn));
+
+/* report.c */
+void rst_fail(const char *what, const char *detail, long rc) __attribute__((noreturn));
+void rst_note(const char *what, const char *detail, long rc);
+
+/* image.c */
+void rst_parse_image(struct rst_image *im, const uint8_t *core, uint64_t size);
+const char *rst_str(const struct rst_image *im, uint32_t off);
+
+/* mem.c */
+void rst_check_layout(const struct rst_image *im);
+uint64_t rst_find_hole(const struct rst_image *im, uint64_t size);
+void rst_park_specials(void);
+void rst_unmap_all_but_hole(void);
+void rst_map_image(const struct rst_image *im);
+void rst_place_specials(const struct rst_image *im);
+void rst_set_mm(const struct rst_image *im);
+
+/* fds.c */
+void rst_restore_fds(const struct rst_image *im);
+
+/* proc.c */
+void rst_restore_limits(const struct rst_image *im);
+void rst_restore_process(const struct rst_image *im);
+void rst_queue_pending(const struct rst_image *im);
+void rst_arm_timers(const struct rst_image *im);
+
+/* threads.c */
+void rst_restore_threads(const struct rst_image *im) __attribute__((noreturn));
+
+#endif

@@ -1,0 +1,147 @@
+/*
+ * Threads come back with their own thread ids (clone3 set_tid inside the
+ * job's fresh pid namespace), so the tids glibc caches in each TCB stay
+ * true.  Each gets its TLS base, clear-tid word (what pthread_join waits
+ * on), robust futex list and rseq registration back, then jumps to its
+ * saved resume point.  The restorer's own thread becomes the main thread.
+ */
+#include "restorer.h"
+
+#include <errno.h>
+#include <sys/prctl.h>
+
+#define RSEQ_CPU_ID_REGISTRATION_FAILED (-2)
+
+struct rst_clone_args {
+    uint64_t flags, pidfd, child_tid, parent_tid, exit_signal;
+    uint64_t stack, stack_size, tls, set_tid, set_tid_size, cgroup;
+};
+
+static volatile uint32_t ready;  /* futex: threads set up and waiting */
+static volatile uint32_t go;     /* futex: everything is in place */
+
+static void thread_setup(const struct ck_thread *t)
+{
+    if (t->robust_list)
+        ck_set_robust_list((void *)t->robust_list, t->robust_len);
+    if (t->gs_base)
+        ck_arch_prctl(ARCH_SET_GS, t->gs_base);
+    if (t->rseq_addr) {
+        long rc = ck_rseq((void *)t->rseq_addr, t->rseq_len, 0, t->rseq_sig);
+        if (rc < 0)  /* glibc then falls back to the getcpu system call */
+            *(volatile int32_t *)(t->rseq_addr + 4) = RSEQ_CPU_ID_REGISTRATION_FAILED;
+    }
+    if (t->comm[0])
+        ck_prctl(PR_SET_NAME, (unsigned long)t->comm, 0, 0, 0);
+}
+
+__attribute__((noreturn)) static void jump_when_told(const struct ck_thread *t)
+{
+    while (__atomic_load_n(&go, __ATOMIC_ACQUIRE) == 0)
+        ck_futex_wait(&go, 0, -1);
+    /* parked threads return through their signal frame, which restores
+     * their real mask; until then everything stays blocked */
+    uint64_t mask = (t->flags & CK_THREAD_CHECKPOINTER) ? t->sigmask : ~0ull;
+    ck_sigprocmask(SIG_SETMASK, &mask, 0);
+    ck_prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
+    struct ck_cap_header h = {CK_CAP_VERSION_3, 0};
+    struct ck_cap_data d[2];
+    for (int i = 0; i < 2; i++) {
+        d[i].effective = t->cap_effective[i];
+        d[i].permitted = t->cap_permitted[i];
+        d[i].inheritable = t->cap_inheritable[i];
+    }
+    ck_capset(&h, d);
+    rst_jump_ctx(&t->ctx);
+}
+
+__attribute__((noreturn)) static void thread_entry(const struct ck_thread *t)
+{
+    thread_setup(t);
+    __atomic_fetch_add(&ready, 1, __ATOMIC_ACQ_REL);
+    ck_futex_wake_all(&ready);
+    jump_when_told(t);
+}
+
+static void write_restart_info(const struct rst_image *im)
+{
+    uint64_t addr = im->proc->restart_info;
+    int ok = 0;
+    for (uint32_t i = 0; i < im->nvmas; i++) {
+        const struct ck_vma *v = &im->vmas[i];
+        if (addr >= v->start && addr + sizeof(struct ck_restart_info) <= v->end && (v->prot & PROT_WRITE))
+            ok = 1;
+    }
+    if (!ok)
+        rst_fail("corrupt image: the shim's restart record is not in writable memory", 0, 0);
+    struct ck_restart_info *ri = (void *)addr;
+    ri->magic = CK_RESTART_MAGIC;
+    ri->hole_start = rst.hole_start;
+    ri->hole_len = rst.hole_len;
+    ri->nthreads = im->nthreads - 1;  /* all but the checkpoint thread report in */
+    ri->arrived = 0;
+    ck_strlcpy(ri->agent_socket, rst.agent_socket, sizeof(ri->agent_socket));
+    ck_strlcpy(ri->checkpoint_id, rst.checkpoint_id, sizeof(ri->checkpoint_id));
+}
+
+void rst_restore_threads(const struct rst_image *im)
+{
+    const struct ck_thread *main = 0;
+    int pid = (int)ck_getpid();
+    for (uint32_t i = 0; i < im->nthreads; i++)
+        if (im->threads[i].flags & CK_THREAD_MAIN)
+            main = &im->threads[i];
+    if (!main || main->tid != pid)
+        rst_fail("corrupt image: no main thread with the process id", 0, 0);
+
+    uint32_t clones = 0;
+    for (uint32_t i = 0; i < im->nthreads; i++) {
+        const struct ck_thread *t = &im->threads[i];
+        if (t == main)
+            continue;
+        struct rst_clone_args a;
+        int32_t tid = t->tid;
+        ck_memset(&a, 0, sizeof(a));
+        a.flags = CLONE_VM | CLONE_FS | CLONE_FILES | CLONE_SIGHAND | CLONE_THREAD | CLONE_SYSVSEM | CLONE_SETTLS;
+        if (t->clear_child_tid) {
+            a.flags |= CLONE_CHILD_CLEARTID;
+            a.child_tid = t->clear_child_tid;
+        }
+        a.tls = t->fs_base;
+        a.stack = rst.hole_start + rst.stacks_off + RST_MAIN_STACK + (uint64_t)clones * RST_THREAD_STACK;
+        a.stack_size = RST_THREAD_STACK;
+        a.set_tid = (uint64_t)&tid;
+        a.set_tid_size = 1;
+        long rc = rst_clone3_thread(&a, sizeof(a), thread_entry, t);
+        if (rc < 0) {
+            char what[32];
+            struct ck_buf b;
+            ck_buf_init(&b, what, sizeof(what));
+            ck_buf_str(&b, "tid ");
+            ck_buf_i64(&b, tid);
+            rst_fail(rc == -EEXIST ? "thread id already taken (not a fresh pid namespace?)"
+                                   : "cannot recreate a thread with its id", what, rc);
+        }
+        clones++;
+    }
+    for (;;) {
+        uint32_t r = __atomic_load_n(&ready, __ATOMIC_ACQUIRE);
+        if (r >= clones)
+            break;
+        ck_futex_wait(&ready, r, 100);
+    }
+
+    ck_set_tid_address((void *)main->clear_child_tid);
+    long rc = ck_arch_prctl(ARCH_SET_FS, main->fs_base);
+    if (rc < 0)
+        rst_fail("cannot restore the main thread's TLS base", 0, rc);
+    thread_setup(main);
+    rst_restore_limits(im);
+    rst_queue_pending(im);
+    write_restart_info(im);
+    rst_arm_timers(im);
+    ck_close(rst.status_fd);  /* an empty status file means success */
+    __atomic_store_n(&go, 1, __ATOMIC_RELEASE);
+    ck_futex_wake_all(&go);
+    jump_when_told(main);
+}

@@ -1,0 +1,82 @@
+/*
+ * The scratch arena: one reserved (MAP_NORESERVE) region from which the
+ * checkpoint thread carves its tables.  It is recorded in the image as an
+ * empty mapping (CK_VMA_NOCONTENT), so the bookkeeping of a dump never ends
+ * up inside the dump, and only the pages actually touched cost memory.
+ */
+#include "shim.h"
+#include "../common/sys.h"
+#include "../common/util.h"
+
+#define ARENA_SIZE (768ull << 20)
+
+static char *arena_base;
+static size_t arena_used;
+
+int ck_arena_setup(void)
+{
+    if (arena_base)
+        return 0;
+    void *p = ck_mmap(0, ARENA_SIZE, PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (ck_mmap_failed(p))
+        return (int)(long)p;
+    arena_base = p;
+    arena_used = 0;
+    return 0;
+}
+
+void ck_arena_reset(void)
+{
+    if (arena_base && arena_used)
+        ck_madvise(arena_base, (arena_used + 4095) & ~4095ull, MADV_DONTNEED);
+    arena_used = 0;
+}
+
+int ck_arena_contains(uint64_t start, uint64_t end)
+{
+    uint64_t b = (uint64_t)arena_base;
+    return arena_base && start >= b && end <= b + ARENA_SIZE;
+}
+
+void *ck_arena_alloc(size_t n)
+{
+    n = (n + 4095) & ~(size_t)4095;
+    if (!arena_base || arena_used + n > ARENA_SIZE)
+        return 0;
+    void *p = arena_base + arena_used;
+    arena_used += n;
+    return p;
+}
+
+int ck_table_init(struct ck_table *t, size_t elem, size_t cap)
+{
+    t->base = ck_arena_alloc(elem * cap);
+    t->elem = elem;
+    t->count = 0;
+    t->cap = t->base ? cap : 0;
+    return t->base ? 0 : -1;
+}
+
+void *ck_table_push(struct ck_table *t)
+{
+    if (t->count >= t->cap)
+        return 0;
+    void *p = t->base + t->count * t->elem;
+    ck_memset(p, 0, t->elem);
+    t->count++;
+    return p;
+}
+
+void *ck_table_at(struct ck_table *t, size_t i) { return t->base + i * t->elem; }
+
+/* append bytes to a byte table; returns the offset or UINT64_MAX if full */
+uint64_t ck_table_bytes_append(struct ck_table *t, const void *p, size_t n)
+{
+    if (t->count + n > t->cap)
+        return UINT64_MAX;
+    uint64_t off = t->count;
+    ck_memcpy(t->base + t->count, p, n);
+    t->count += n;
+    return off;
+}

@@ -1,0 +1,418 @@
+/*
+ * One process dump, run on the checkpoint thread while every other thread
+ * is parked: process-wide state, descriptors, written files, memory, then
+ * core.img.  The checkpoint thread's own resume point is saved first; the
+ * restored process continues from there with ck_dump() returning
+ * CK_DUMP_RESTORED.
+ */
+#include "shim.h"
+#include "../common/sys.h"
+#include "../common/util.h"
+#include "../common/maps.h"
+
+#include <errno.h>
+#include <sys/prctl.h>
+
+/* a few MiB of /proc text at most: stat, status, auxv */
+static char procbuf[65536];
+
+uint32_t ck_image_string(struct ck_image *im, const char *s)
+{
+    if (!s || !*s)
+        return 0;
+    uint64_t off = ck_table_bytes_append(&im->strings, s, ck_strlen(s) + 1);
+    return off == UINT64_MAX ? 0 : (uint32_t)off;
+}
+
+int ck_image_fail(struct ck_image *im, const char *what, const char *detail, long rc)
+{
+    struct ck_buf b;
+    ck_buf_init(&b, im->err, im->errcap);
+    ck_buf_str(&b, what);
+    if (detail && *detail) {
+        ck_buf_str(&b, ": ");
+        ck_buf_str(&b, detail);
+    }
+    if (rc < 0) {
+        ck_buf_str(&b, " (errno ");
+        ck_buf_i64(&b, -rc);
+        ck_buf_str(&b, ")");
+    }
+    return -1;
+}
+
+int ck_image_is_own_fd(struct ck_image *im, int fd)
+{
+    for (int i = 0; i < im->n_own_fds; i++)
+        if (im->own_fds[i] == fd)
+            return 1;
+    return 0;
+}
+
+static void add_own_fd(struct ck_image *im, int fd)
+{
+    if (fd >= 0 && im->n_own_fds < (int)(sizeof(im->own_fds) / sizeof(im->own_fds[0])))
+        im->own_fds[im->n_own_fds++] = fd;
+}
+
+/* the n-th space-separated field after the ")" that ends comm in /proc/self/stat */
+static const char *stat_field(const char *after_comm, int n)
+{
+    const char *p = after_comm;
+    for (int i = 0; i < n && *p; i++) {
+        p = ck_skip_spaces(p);
+        while (*p && *p != ' ')
+            p++;
+    }
+    return ck_skip_spaces(p);
+}
+
+/* the text after "key" on its line of a /proc status file, or "" */
+static const char *status_line(const char *text, const char *key)
+{
+    size_t kl = ck_strlen(key);
+    for (const char *p = text; *p;) {
+        if (ck_strncmp(p, key, kl) == 0)
+            return p + kl;
+        while (*p && *p != '\n')
+            p++;
+        if (*p)
+            p++;
+    }
+    return "";
+}
+
+static uint64_t status_hex(const char *text, const char *key)
+{
+    return ck_parse_u64(ck_skip_spaces(status_line(text, key)), 16, 0);
+}
+
+static uint64_t status_oct(const char *text, const char *key)
+{
+    uint64_t v = 0;
+    for (const char *p = ck_skip_spaces(status_line(text, key)); *p >= '0' && *p <= '7'; p++)
+        v = v * 8 + (uint64_t)(*p - '0');
+    return v;
+}
+
+static uint64_t read_xcr0(void)
+{
+    uint32_t eax, ebx, ecx, edx;
+    __asm__ volatile("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(1), "c"(0));
+    if (!(ecx & (1u << 27)))  /* OSXSAVE */
+        return 0;
+    uint32_t lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return ((uint64_t)hi << 32) | lo;
+}
+
+static int dump_proc(struct ck_image *im)
+{
+    struct ck_proc *p = &im->proc;
+    char path[4096];
+    struct stat st;
+    long n;
+
+    p->pid = (int32_t)ck_getpid();
+    p->ppid = (int32_t)ck_getppid();
+    p->pgid = (int32_t)ck_getpgid(0);
+    p->sid = (int32_t)ck_getsid(0);
+    p->quiesce_signal = (uint32_t)ck_shim.quiesce_signal;
+    p->personality = (uint32_t)ck_personality(0xffffffff);
+    p->restart_info = (uint64_t)&ck_restart;
+    p->xcr0 = read_xcr0();
+    p->ckpt_realtime_ns = ck_now_ns(CLOCK_REALTIME);
+    p->ckpt_monotonic_ns = ck_now_ns(CLOCK_MONOTONIC);
+    ck_prctl(PR_GET_NAME, (unsigned long)p->comm, 0, 0, 0);
+
+    n = ck_readlink("/proc/self/exe", path, sizeof(path) - 1);
+    if (n < 0)
+        return ck_image_fail(im, "cannot read /proc/self/exe", 0, n);
+    path[n] = 0;
+    if (ck_endswith(path, " (deleted)"))
+        return ck_image_fail(im, "the program's executable was deleted", path, 0);
+    p->exe = ck_image_string(im, path);
+    if (ck_stat(path, &st) == 0) {
+        p->exe_dev = st.st_dev;
+        p->exe_ino = st.st_ino;
+    }
+    n = ck_readlink("/proc/self/cwd", path, sizeof(path) - 1);
+    if (n < 0)
+        return ck_image_fail(im, "cannot read /proc/self/cwd", 0, n);
+    path[n] = 0;
+    if (ck_endswith(path, " (deleted)"))
+        return ck_image_fail(im, "the working directory was deleted", path, 0);
+    p->cwd = ck_image_string(im, path);
+
+    /* mm fields: start_code, end_code, start_stack are fields 26-28 of
+     * /proc/self/stat; start_data..env_end are 45-51 (1-based) */
+    n = ck_read_file("/proc/self/stat", procbuf, sizeof(procbuf) - 1);
+    if (n < 0)
+        return ck_image_fail(im, "cannot read /proc/self/stat", 0, n);
+    procbuf[n] = 0;
+    const char *rp = procbuf, *q;
+    for (q = procbuf; *q; q++)
+        if (*q == ')')
+            rp = q + 1;
+    /* after ")" field 3 (state) is index 0 */
+    p->start_code = ck_parse_u64(stat_field(rp, 26 - 3), 10, 0);
+    p->end_code = ck_parse_u64(stat_field(rp, 27 - 3), 10, 0);
+    p->start_stack = ck_parse_u64(stat_field(rp, 28 - 3), 10, 0);
+    p->start_data = ck_parse_u64(stat_field(rp, 45 - 3), 10, 0);
+    p->end_data = ck_parse_u64(stat_field(rp, 46 - 3), 10, 0);
+    p->start_brk = ck_parse_u64(stat_field(rp, 47 - 3), 10, 0);
+    p->arg_start = ck_parse_u64(stat_field(rp, 48 - 3), 10, 0);
+    p->arg_end = ck_parse_u64(stat_field(rp, 49 - 3), 10, 0);
+    p->env_start = ck_parse_u64(stat_field(rp, 50 - 3), 10, 0);
+    p->env_end = ck_parse_u64(stat_field(rp, 51 - 3), 10, 0);
+    p->brk = (uint64_t)ck_brk(0);
+
+    n = ck_read_file("/proc/self/status", procbuf, sizeof(procbuf) - 1);
+    if (n < 0)
+        return ck_image_fail(im, "cannot read /proc/self/status", 0, n);
+    procbuf[n] = 0;
+    p->umask = (uint32_t)status_oct(procbuf, "Umask:");
+    if (ck_strncmp(ck_skip_spaces(status_line(procbuf, "x86_Thread_features:")), "shstk", 5) == 0)
+        return ck_image_fail(im, "x86 shadow stacks are enabled; not supported", 0, 0);
+    /* process-wide pending signals (the quiesce signal itself excluded) */
+    uint64_t shd = status_hex(procbuf, "ShdPnd:");
+    for (int s = 1; s <= 64; s++) {
+        if (!(shd & (1ull << (s - 1))) || s == ck_shim.quiesce_signal)
+            continue;
+        struct ck_pending *pe = ck_table_push(&im->pending);
+        if (!pe)
+            return ck_image_fail(im, "too many pending signals", 0, 0);
+        pe->tid = 0;
+        pe->signo = s;
+    }
+
+    n = ck_read_file("/proc/self/auxv", im->auxv, sizeof(im->auxv));
+    if (n < 0)
+        return ck_image_fail(im, "cannot read /proc/self/auxv", 0, n);
+    im->auxv_len = (size_t)n;
+
+    for (int i = 0; i < 3; i++) {
+        struct itimerval v;
+        if (ck_getitimer(i, &v) == 0) {
+            p->itimers[i].interval_sec = v.it_interval.tv_sec;
+            p->itimers[i].interval_usec = v.it_interval.tv_usec;
+            p->itimers[i].value_sec = v.it_value.tv_sec;
+            p->itimers[i].value_usec = v.it_value.tv_usec;
+        }
+    }
+    return 0;
+}
+
+static int dump_threads(struct ck_image *im, struct ck_thread *self)
+{
+    uint32_t n;
+    struct ck_thread *parked = ck_parked_threads(&n);
+    char path[64], status[4096];
+    struct ck_buf b;
+    int have_main = self->flags & CK_THREAD_MAIN;
+
+    for (uint32_t i = 0; i <= n; i++) {
+        struct ck_thread *src = i < n ? &parked[i] : self;
+        struct ck_thread *t = ck_table_push(&im->threads);
+        if (!t)
+            return ck_image_fail(im, "too many threads", 0, 0);
+        ck_memcpy(t, src, sizeof(*t));
+        if (t->flags & CK_THREAD_MAIN)
+            have_main = 1;
+        /* thread-directed pending signals */
+        ck_buf_init(&b, path, sizeof(path));
+        ck_buf_str(&b, "/proc/self/task/");
+        ck_buf_u64(&b, (uint64_t)t->tid);
+        ck_buf_str(&b, "/status");
+        long len = ck_read_file(path, status, sizeof(status) - 1);
+        if (len > 0) {
+            status[len] = 0;
+            uint64_t pnd = status_hex(status, "SigPnd:");
+            for (int s = 1; s <= 64; s++) {
+                if (!(pnd & (1ull << (s - 1))) || s == ck_shim.quiesce_signal)
+                    continue;
+                struct ck_pending *pe = ck_table_push(&im->pending);
+                if (!pe)
+                    return ck_image_fail(im, "too many pending signals", 0, 0);
+                pe->tid = t->tid;
+                pe->signo = s;
+            }
+        }
+    }
+    if (!have_main)
+        return ck_image_fail(im, "the main thread has exited; a process without its main thread cannot be restored", 0, 0);
+    im->proc.nthreads = (uint32_t)im->threads.count;
+    return 0;
+}
+
+static int write_all(int fd, const void *p, size_t n)
+{
+    const char *c = p;
+    while (n) {
+        long w = ck_write(fd, c, n);
+        if (w == -EINTR)
+            continue;
+        if (w < 0)
+            return (int)w;
+        if (w == 0)
+            return -EIO;
+        c += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+static int write_core(struct ck_image *im, uint64_t pages_bytes, uint64_t *core_bytes)
+{
+    static struct ck_header h;
+    struct ck_sigaction sigacts[64];
+    struct ck_rlimit rlimits[16];
+    struct {
+        uint32_t type;
+        const void *data;
+        uint64_t size;
+        uint32_t count;
+    } secs[CK_MAX_SECTIONS];
+    int ns = 0;
+
+    for (int s = 1; s <= 64; s++) {
+        struct ck_kernel_sigaction old;
+        ck_memset(&old, 0, sizeof(old));
+        ck_rt_sigaction(s, 0, &old);
+        sigacts[s - 1].handler = old.handler;
+        sigacts[s - 1].flags = old.flags;
+        sigacts[s - 1].restorer = old.restorer;
+        sigacts[s - 1].mask = old.mask;
+    }
+    for (int r = 0; r < 16; r++) {
+        struct rlimit rl;
+        if (ck_prlimit(r, 0, &rl) == 0) {
+            rlimits[r].cur = rl.rlim_cur;
+            rlimits[r].max = rl.rlim_max;
+        } else {
+            rlimits[r].cur = rlimits[r].max = RLIM_INFINITY;
+        }
+    }
+
+#define ADD_SEC(t, d, sz, cnt) \
+    do { secs[ns].type = (t); secs[ns].data = (d); secs[ns].size = (sz); secs[ns].count = (uint32_t)(cnt); ns++; } while (0)
+#define ADD_TABLE(t, tab) ADD_SEC((t), (tab).base, (tab).count * (tab).elem, (tab).count)
+    ADD_SEC(CK_SEC_PROC, &im->proc, sizeof(im->proc), 1);
+    ADD_TABLE(CK_SEC_THREADS, im->threads);
+    ADD_TABLE(CK_SEC_VMAS, im->vmas);
+    ADD_TABLE(CK_SEC_RUNS, im->runs);
+    ADD_TABLE(CK_SEC_FDS, im->fds);
+    ADD_TABLE(CK_SEC_EPOLL, im->epoll);
+    ADD_SEC(CK_SEC_SIGACTS, sigacts, sizeof(sigacts), 64);
+    ADD_SEC(CK_SEC_RLIMITS, rlimits, sizeof(rlimits), 16);
+    ADD_TABLE(CK_SEC_PENDING, im->pending);
+    ADD_TABLE(CK_SEC_FILES, im->files);
+    ADD_SEC(CK_SEC_AUXV, im->auxv, im->auxv_len, im->auxv_len);
+    ADD_TABLE(CK_SEC_STRINGS, im->strings);
+    ADD_TABLE(CK_SEC_BLOB, im->blob);
+#undef ADD_TABLE
+#undef ADD_SEC
+
+    ck_memset(&h, 0, sizeof(h));
+    h.magic = CK_CORE_MAGIC;
+    h.version = CK_CORE_VERSION;
+    h.nsections = (uint32_t)ns;
+    h.pages_size = pages_bytes;
+    uint64_t off = sizeof(h);
+    for (int i = 0; i < ns; i++) {
+        h.sections[i].type = secs[i].type;
+        h.sections[i].count = secs[i].count;
+        h.sections[i].offset = off;
+        h.sections[i].size = secs[i].size;
+        off += (secs[i].size + 7) & ~7ull;
+    }
+    h.file_size = off;
+
+    long fd = ck_openat(im->dirfd, "core.img", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return ck_image_fail(im, "cannot create core.img", 0, fd);
+    int rc = write_all((int)fd, &h, sizeof(h));
+    static const char zeros[8];
+    for (int i = 0; i < ns && rc == 0; i++) {
+        rc = write_all((int)fd, secs[i].data, secs[i].size);
+        size_t pad = ((secs[i].size + 7) & ~7ull) - secs[i].size;
+        if (rc == 0 && pad)
+            rc = write_all((int)fd, zeros, pad);
+    }
+    ck_close((int)fd);
+    if (rc < 0)
+        return ck_image_fail(im, "cannot write core.img", 0, rc);
+    *core_bytes = off;
+    return 0;
+}
+
+static int image_init(struct ck_image *im)
+{
+    ck_memset(&im->proc, 0, sizeof(im->proc));
+    im->auxv_len = 0;
+    if (ck_table_init(&im->threads, sizeof(struct ck_thread), CK_MAX_THREADS + 1) ||
+        ck_table_init(&im->vmas, sizeof(struct ck_vma), 1 << 18) ||
+        ck_table_init(&im->runs, sizeof(struct ck_page_run), 1 << 22) ||
+        ck_table_init(&im->fds, sizeof(struct ck_fd), 1 << 16) ||
+        ck_table_init(&im->epoll, sizeof(struct ck_epoll_target), 1 << 16) ||
+        ck_table_init(&im->pending, sizeof(struct ck_pending), 4096) ||
+        ck_table_init(&im->files, sizeof(struct ck_file), 1 << 14) ||
+        ck_table_init(&im->strings, 1, 64u << 20) ||
+        ck_table_init(&im->blob, 1, 64u << 20))
+        return -1;
+    ck_table_bytes_append(&im->strings, "", 1);  /* offset 0 = empty string */
+    return 0;
+}
+
+int ck_dump(const char *dir, struct ck_dump_stats *st, char *err, size_t errcap)
+{
+    /* static: this frame's locals do not survive the restore */
+    static struct ck_image im;
+    static struct ck_thread self;
+    uint64_t mask = 0;
+
+    ck_sigprocmask(SIG_BLOCK, 0, &mask);
+    ck_fill_thread(&self, mask);
+    self.flags |= CK_THREAD_CHECKPOINTER;
+    if (ck_save_ctx(&self.ctx) != 0)
+        return CK_DUMP_RESTORED;
+
+    int64_t t0 = ck_now_ns(CLOCK_MONOTONIC);
+    ck_memset(st, 0, sizeof(*st));
+    ck_arena_reset();
+    im.err = err;
+    im.errcap = errcap;
+    im.n_own_fds = 0;
+    add_own_fd(&im, ck_shim.agent_fd);
+    if (image_init(&im) < 0) {
+        ck_image_fail(&im, "cannot allocate checkpoint scratch memory", 0, 0);
+        return CK_DUMP_ERROR;
+    }
+    im.dirfd = (int)ck_open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
+    if (im.dirfd < 0) {
+        ck_image_fail(&im, "cannot open the image directory", dir, im.dirfd);
+        return CK_DUMP_ERROR;
+    }
+    add_own_fd(&im, im.dirfd);
+
+    int rc = dump_proc(&im);
+    if (rc == 0)
+        rc = dump_threads(&im, &self);
+    if (rc == 0)
+        rc = ck_dump_fds(&im);
+    if (rc == 0)
+        rc = ck_dump_files(&im, &st->files_bytes);
+    if (rc == 0)
+        rc = ck_dump_memory(&im, &st->pages_bytes);
+    if (rc == 0)
+        rc = write_core(&im, st->pages_bytes, &st->core_bytes);
+    ck_close(im.dirfd);
+    if (rc != 0)
+        return CK_DUMP_ERROR;
+    st->nvmas = (uint32_t)im.vmas.count;
+    st->nthreads = (uint32_t)im.threads.count;
+    st->nfds = (uint32_t)im.fds.count;
+    st->nfiles = (uint32_t)im.files.count;
+    st->duration_ns = ck_now_ns(CLOCK_MONOTONIC) - t0;
+    return CK_DUMP_OK;
+}

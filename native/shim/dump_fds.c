@@ -1,0 +1,321 @@
+/*
+ * File descriptors: one ck_fd per open descriptor, classified by what it
+ * points at.  Descriptors sharing one open file description (dup, or 2>&1)
+ * are recorded as CK_FD_DUP of the lowest so the restore shares offsets and
+ * flags again.  Unsupported kinds fail the checkpoint with their name.
+ */
+#include "shim.h"
+#include "../common/sys.h"
+#include "../common/util.h"
+#include "../common/maps.h"
+
+#include <errno.h>
+#include <linux/kcmp.h>
+#include <sys/ioctl.h>
+
+#ifndef F_GETPIPE_SZ
+#define F_GETPIPE_SZ 1032
+#define F_SETPIPE_SZ 1031
+#endif
+#ifndef SPLICE_F_NONBLOCK
+#define SPLICE_F_NONBLOCK 2
+#endif
+
+static const char *const reopenable_devices[] = {
+    "/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom",
+};
+
+static int is_reopenable_device(const char *path)
+{
+    for (size_t i = 0; i < sizeof(reopenable_devices) / sizeof(reopenable_devices[0]); i++)
+        if (!ck_strcmp(path, reopenable_devices[i]))
+            return 1;
+    return 0;
+}
+
+static void fd_path(char *out, size_t cap, const char *dir, int fd)
+{
+    struct ck_buf b;
+    ck_buf_init(&b, out, cap);
+    ck_buf_str(&b, dir);
+    ck_buf_u64(&b, (uint64_t)fd);
+}
+
+static int fail_fd(struct ck_image *im, int fd, const char *why, const char *target)
+{
+    char what[128];
+    struct ck_buf b;
+    ck_buf_init(&b, what, sizeof(what));
+    ck_buf_str(&b, "unsupported file descriptor ");
+    ck_buf_u64(&b, (uint64_t)fd);
+    ck_buf_str(&b, " (");
+    ck_buf_str(&b, why);
+    ck_buf_str(&b, ")");
+    return ck_image_fail(im, what, target, 0);
+}
+
+/* copy a pipe's buffered bytes into BLOB without consuming them (tee) */
+static int save_pipe_data(struct ck_image *im, struct ck_fd *f, int readfd)
+{
+    int avail = 0;
+    if (ck_ioctl(readfd, FIONREAD, &avail) < 0 || avail <= 0)
+        return 0;
+    int tmp[2];
+    long rc = ck_pipe2(tmp, O_CLOEXEC | O_NONBLOCK);
+    if (rc < 0)
+        return ck_image_fail(im, "cannot create a pipe to copy pipe contents", 0, rc);
+    /* as many slots as the source, so tee can take every buffer at once */
+    ck_fcntl(tmp[1], F_SETPIPE_SZ, (long)f->pipe_size);
+    long n = ck_tee(readfd, tmp[1], (size_t)avail, SPLICE_F_NONBLOCK);
+    int ok = n == avail;
+    f->data_off = im->blob.count;
+    f->data_len = 0;
+    while (ok && f->data_len < (uint64_t)avail) {
+        char chunk[4096];
+        long r = ck_read(tmp[0], chunk, sizeof(chunk));
+        if (r <= 0) {
+            ok = 0;
+            break;
+        }
+        if (ck_table_bytes_append(&im->blob, chunk, (size_t)r) == UINT64_MAX) {
+            ok = 0;
+            break;
+        }
+        f->data_len += (uint64_t)r;
+    }
+    ck_close(tmp[0]);
+    ck_close(tmp[1]);
+    if (!ok)
+        return ck_image_fail(im, "cannot copy the contents of a pipe", 0, n < 0 ? n : 0);
+    return 0;
+}
+
+/* parse "key: value" lines of /proc/self/fdinfo/N */
+static uint64_t fdinfo_value(const char *text, const char *key, int base)
+{
+    size_t kl = ck_strlen(key);
+    for (const char *p = text; *p;) {
+        if (ck_strncmp(p, key, kl) == 0)
+            return ck_parse_u64(ck_skip_spaces(p + kl), base, 0);
+        while (*p && *p != '\n')
+            p++;
+        if (*p)
+            p++;
+    }
+    return 0;
+}
+
+static int dump_epoll(struct ck_image *im, struct ck_fd *f, const char *info)
+{
+    f->first_epoll = (uint32_t)im->epoll.count;
+    /* lines: "tfd:        5 events:       19 data:                5  pos:..." */
+    for (const char *p = info; *p;) {
+        if (ck_startswith(p, "tfd:")) {
+            const char *q = ck_skip_spaces(p + 4);
+            struct ck_epoll_target *t = ck_table_push(&im->epoll);
+            if (!t)
+                return ck_image_fail(im, "too many epoll registrations", 0, 0);
+            t->tfd = (int32_t)ck_parse_u64(q, 10, &q);
+            q = ck_skip_spaces(q);
+            if (ck_startswith(q, "events:"))
+                t->events = (uint32_t)ck_parse_u64(ck_skip_spaces(q + 7), 16, &q);
+            q = ck_skip_spaces(q);
+            if (ck_startswith(q, "data:"))
+                t->data = ck_parse_u64(ck_skip_spaces(q + 5), 16, &q);
+            f->nepoll++;
+        }
+        while (*p && *p != '\n')
+            p++;
+        if (*p)
+            p++;
+    }
+    return 0;
+}
+
+/* is there another descriptor on this pipe, at the other end? */
+static int pipe_has_other_end(struct ck_image *im, uint64_t ino, uint32_t my_acc)
+{
+    for (size_t i = 0; i < im->fds.count; i++) {
+        struct ck_fd *o = ck_table_at(&im->fds, i);
+        if ((o->type == CK_FD_PIPE || o->type == CK_FD_STDIO) && o->ino == ino &&
+            (o->open_flags & O_ACCMODE) != my_acc)
+            return 1;
+    }
+    return 0;
+}
+
+static int classify(struct ck_image *im, struct ck_fd *f, const char *target, const struct stat *st,
+                    char *info, size_t infocap)
+{
+    int fd = f->fd;
+    switch (st->st_mode & S_IFMT) {
+    case S_IFREG:
+        if (ck_endswith(target, " (deleted)"))
+            return fail_fd(im, fd, "deleted file", target);
+        if (target[0] != '/')
+            return fail_fd(im, fd, "file without a path", target);
+        f->type = CK_FD_REG;
+        f->pos = (uint64_t)ck_lseek(fd, 0, SEEK_CUR);
+        if ((f->open_flags & O_ACCMODE) != O_RDONLY)
+            f->flags |= CK_FDF_WRITTEN;
+        return 0;
+    case S_IFDIR:
+        f->type = CK_FD_DIR;
+        return 0;
+    case S_IFCHR:
+        if (is_reopenable_device(target)) {
+            f->type = CK_FD_CHR;
+            return 0;
+        }
+        if (fd <= 2 && (ck_startswith(target, "/dev/pts/") || ck_startswith(target, "/dev/tty"))) {
+            f->type = CK_FD_STDIO;  /* the terminal will be gone: use the log */
+            return 0;
+        }
+        return fail_fd(im, fd, "character device", target);
+    case S_IFIFO:
+        if (!ck_startswith(target, "pipe:"))
+            return fail_fd(im, fd, "named FIFO", target);
+        f->pipe_size = (uint64_t)ck_fcntl(fd, F_GETPIPE_SZ, 0);
+        if ((f->open_flags & O_ACCMODE) == O_WRONLY)
+            f->flags |= CK_FDF_PIPE_WRITE_END;
+        f->type = CK_FD_PIPE;  /* may become STDIO once all fds are known */
+        return 0;
+    case S_IFSOCK:
+        if (fd <= 2) {
+            f->type = CK_FD_STDIO;
+            return 0;
+        }
+        return fail_fd(im, fd, "socket", target);
+    default:
+        break;
+    }
+    if (ck_strcmp(target, "anon_inode:[eventfd]") == 0) {
+        char path[64];
+        fd_path(path, sizeof(path), "/proc/self/fdinfo/", fd);
+        long n = ck_read_file(path, info, infocap - 1);
+        if (n < 0)
+            return ck_image_fail(im, "cannot read fdinfo", path, n);
+        info[n] = 0;
+        f->type = CK_FD_EVENTFD;
+        f->evcount = fdinfo_value(info, "eventfd-count:", 16);
+        if (fdinfo_value(info, "eventfd-semaphore:", 10))
+            f->flags |= CK_FDF_EVENTFD_SEMAPHORE;
+        return 0;
+    }
+    if (ck_strcmp(target, "anon_inode:[eventpoll]") == 0) {
+        char path[64];
+        fd_path(path, sizeof(path), "/proc/self/fdinfo/", fd);
+        long n = ck_read_file(path, info, infocap - 1);
+        if (n < 0)
+            return ck_image_fail(im, "cannot read fdinfo", path, n);
+        info[n] = 0;
+        f->type = CK_FD_EPOLL;
+        return dump_epoll(im, f, info);
+    }
+    return fail_fd(im, fd, "kind not supported yet", target);
+}
+
+/* lowest earlier descriptor sharing this open file description, or -1 */
+static int find_dup(struct ck_image *im, struct ck_fd *f, int pid)
+{
+    for (size_t i = 0; i + 1 < im->fds.count; i++) {
+        struct ck_fd *o = ck_table_at(&im->fds, i);
+        if (o->type == CK_FD_DUP || o->ino != f->ino || o->dev != f->dev)
+            continue;
+        if (ck_kcmp(pid, pid, KCMP_FILE, o->fd, f->fd) == 0)
+            return o->fd;
+    }
+    return -1;
+}
+
+int ck_dump_fds(struct ck_image *im)
+{
+    static char dents[16384];
+    static char target[4096];
+    static char info[65536];
+    int pid = (int)ck_getpid();
+    long dfd = ck_open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
+    if (dfd < 0)
+        return ck_image_fail(im, "cannot open /proc/self/fd", 0, dfd);
+
+    int rc = 0;
+    for (;;) {
+        long n = ck_getdents64((int)dfd, dents, sizeof(dents));
+        if (n < 0) {
+            rc = ck_image_fail(im, "cannot list /proc/self/fd", 0, n);
+            break;
+        }
+        if (n == 0)
+            break;
+        for (long off = 0; off < n && rc == 0;) {
+            struct ck_linux_dirent64 *d = (void *)(dents + off);
+            off += d->d_reclen;
+            if (d->d_name[0] < '0' || d->d_name[0] > '9')
+                continue;
+            int fd = (int)ck_parse_u64(d->d_name, 10, 0);
+            if (fd == dfd || ck_image_is_own_fd(im, fd))
+                continue;
+            char path[64];
+            fd_path(path, sizeof(path), "/proc/self/fd/", fd);
+            long tl = ck_readlink(path, target, sizeof(target) - 1);
+            if (tl < 0)
+                continue;  /* closed meanwhile */
+            target[tl] = 0;
+            struct stat st;
+            if (ck_fstat(fd, &st) < 0)
+                continue;
+            struct ck_fd *f = ck_table_push(&im->fds);
+            if (!f) {
+                rc = ck_image_fail(im, "too many file descriptors", 0, 0);
+                break;
+            }
+            f->fd = fd;
+            f->open_flags = (uint32_t)ck_fcntl(fd, F_GETFL, 0);
+            f->fd_flags = (uint32_t)ck_fcntl(fd, F_GETFD, 0);
+            f->mode = st.st_mode;
+            f->dev = st.st_dev;
+            f->ino = st.st_ino;
+            f->size = (uint64_t)st.st_size;
+            f->mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec;
+            f->dup_of = find_dup(im, f, pid);
+            f->path = ck_image_string(im, target);
+            if (f->dup_of >= 0) {
+                f->type = CK_FD_DUP;
+                continue;
+            }
+            if (classify(im, f, target, &st, info, sizeof(info)) < 0)
+                rc = -1;
+        }
+        if (rc)
+            break;
+    }
+    ck_close((int)dfd);
+    if (rc)
+        return rc;
+
+    /* pipes: internal when both ends are here; else stdio goes to the log */
+    for (size_t i = 0; i < im->fds.count; i++) {
+        struct ck_fd *f = ck_table_at(&im->fds, i);
+        if (f->type != CK_FD_PIPE)
+            continue;
+        if (!pipe_has_other_end(im, f->ino, f->open_flags & O_ACCMODE)) {
+            if (f->fd > 2)
+                return fail_fd(im, f->fd, "pipe to a process outside this one", (const char *)ck_table_at(&im->strings, f->path));
+            f->type = CK_FD_STDIO;
+            continue;
+        }
+        /* buffered bytes are saved once, with the first read end */
+        if (!(f->flags & CK_FDF_PIPE_WRITE_END)) {
+            int first = 1;
+            for (size_t j = 0; j < i; j++) {
+                struct ck_fd *o = ck_table_at(&im->fds, j);
+                if (o->type == CK_FD_PIPE && o->ino == f->ino && !(o->flags & CK_FDF_PIPE_WRITE_END))
+                    first = 0;
+            }
+            if (first && save_pipe_data(im, f, f->fd) < 0)
+                return -1;
+        }
+    }
+    /* a descriptor pointing at the same description as stdio follows it */
+    return 0;
+}

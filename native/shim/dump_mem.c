@@ -1,0 +1,346 @@
+/*
+ * Memory: one ck_vma per mapping in /proc/self/smaps, and the contents of
+ * the pages that cannot be recreated from elsewhere, appended to pages.img.
+ *
+ *   anonymous (private or shared)   present or swapped pages only; pages that
+ *                                   map the shared zero page are skipped
+ *   private file mapping            only the pages the process wrote (COW'd
+ *                                   anonymous copies); the rest comes back
+ *                                   from the file
+ *   shared file mapping             nothing: the contents live in the file
+ *   private mapping, deleted file   every readable page
+ *   [vdso], [vvar], [vvar_vclock]   nothing: the restorer moves the kernel's
+ *
+ * Present pages are found with the PAGEMAP_SCAN ioctl (Linux 6.7+), else by
+ * reading /proc/self/pagemap.  Untouched reservations cost nothing.
+ */
+#include "shim.h"
+#include "../common/sys.h"
+#include "../common/util.h"
+#include "../common/maps.h"
+
+#include <errno.h>
+#include <sys/ioctl.h>
+#include <sys/sysmacros.h>
+
+struct ck_pm_scan_arg {
+    uint64_t size, flags, start, end, walk_end, vec, vec_len, max_pages;
+    uint64_t category_inverted, category_mask, category_anyof_mask, return_mask;
+};
+struct ck_page_region {
+    uint64_t start, end, categories;
+};
+#define CK_PAGEMAP_SCAN _IOWR('f', 16, struct ck_pm_scan_arg)
+#define CK_PAGE_IS_FILE (1ull << 2)
+#define CK_PAGE_IS_PRESENT (1ull << 3)
+#define CK_PAGE_IS_SWAPPED (1ull << 4)
+#define CK_PAGE_IS_PFNZERO (1ull << 5)
+
+#define PM_PRESENT (1ull << 63)
+#define PM_SWAPPED (1ull << 62)
+#define PM_FILE (1ull << 61)
+
+#define REGION_VEC 4096
+#define PAGEMAP_CHUNK 65536
+#define BOUNCE_SIZE (1u << 20)
+#define MAX_WRITE (1ull << 30)
+
+struct mem_ctx {
+    struct ck_image *im;
+    int pages_fd;
+    int mem_fd;        /* /proc/self/mem, for pages we may not read directly */
+    int pagemap_fd;
+    int scan_ok;       /* PAGEMAP_SCAN available */
+    uint64_t pages_off;
+    struct ck_vma *vma;
+    struct ck_page_region *regions;
+    uint64_t *pm;
+    char *bounce;
+    /* the run being accumulated */
+    uint64_t run_start, run_end;
+};
+
+static int write_all(int fd, const void *p, size_t n)
+{
+    const char *c = p;
+    while (n) {
+        long w = ck_write(fd, c, n > MAX_WRITE ? MAX_WRITE : n);
+        if (w == -EINTR)
+            continue;
+        if (w < 0)
+            return (int)w;
+        if (w == 0)
+            return -EIO;
+        c += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+/* copy [start, end) of our own memory into pages.img */
+static int copy_range(struct mem_ctx *m, uint64_t start, uint64_t end)
+{
+    if (m->vma->prot & PROT_READ)
+        return write_all(m->pages_fd, (const void *)start, end - start);
+    /* unreadable mapping (PROT_NONE): /proc/self/mem ignores protections */
+    for (uint64_t a = start; a < end;) {
+        size_t n = end - a > BOUNCE_SIZE ? BOUNCE_SIZE : end - a;
+        long r = ck_pread(m->mem_fd, m->bounce, n, a);
+        if (r == -EINTR)
+            continue;
+        if (r <= 0)
+            return r < 0 ? (int)r : -EIO;
+        int rc = write_all(m->pages_fd, m->bounce, (size_t)r);
+        if (rc < 0)
+            return rc;
+        a += (uint64_t)r;
+    }
+    return 0;
+}
+
+static int flush_run(struct mem_ctx *m)
+{
+    if (m->run_end <= m->run_start)
+        return 0;
+    struct ck_page_run *r = ck_table_push(&m->im->runs);
+    if (!r)
+        return ck_image_fail(m->im, "too many page runs", 0, 0);
+    r->vaddr = m->run_start;
+    r->npages = (m->run_end - m->run_start) / CK_PAGE_SIZE;
+    r->offset = m->pages_off;
+    int rc = copy_range(m, m->run_start, m->run_end);
+    if (rc < 0)
+        return ck_image_fail(m->im, "cannot write pages.img", 0, rc);
+    m->pages_off += m->run_end - m->run_start;
+    m->vma->nruns++;
+    m->run_start = m->run_end = 0;
+    return 0;
+}
+
+static int emit(struct mem_ctx *m, uint64_t start, uint64_t end)
+{
+    if (m->run_end == start && m->run_end > m->run_start) {
+        m->run_end = end;
+        return 0;
+    }
+    if (flush_run(m) < 0)
+        return -1;
+    m->run_start = start;
+    m->run_end = end;
+    return 0;
+}
+
+static int scan_with_ioctl(struct mem_ctx *m, uint64_t start, uint64_t end, int anon_only)
+{
+    struct ck_pm_scan_arg a;
+    ck_memset(&a, 0, sizeof(a));
+    a.size = sizeof(a);
+    a.start = start;
+    a.end = end;
+    a.vec = (uint64_t)m->regions;
+    a.vec_len = REGION_VEC;
+    a.category_inverted = CK_PAGE_IS_PFNZERO | (anon_only ? CK_PAGE_IS_FILE : 0);
+    a.category_mask = a.category_inverted;
+    a.category_anyof_mask = CK_PAGE_IS_PRESENT | CK_PAGE_IS_SWAPPED;
+    a.return_mask = CK_PAGE_IS_PRESENT | CK_PAGE_IS_SWAPPED;
+    for (;;) {
+        long n = ck_ioctl(m->pagemap_fd, CK_PAGEMAP_SCAN, &a);
+        if (n < 0)
+            return (int)n;
+        for (long i = 0; i < n; i++)
+            if (emit(m, m->regions[i].start, m->regions[i].end) < 0)
+                return -EIO;
+        if (a.walk_end >= end)
+            return 0;
+        a.start = a.walk_end;
+    }
+}
+
+static int scan_with_pagemap(struct mem_ctx *m, uint64_t start, uint64_t end, int anon_only)
+{
+    for (uint64_t a = start; a < end;) {
+        uint64_t npages = (end - a) / CK_PAGE_SIZE;
+        if (npages > PAGEMAP_CHUNK)
+            npages = PAGEMAP_CHUNK;
+        long r = ck_pread(m->pagemap_fd, m->pm, npages * 8, (a / CK_PAGE_SIZE) * 8);
+        if (r < 0)
+            return ck_image_fail(m->im, "cannot read /proc/self/pagemap", 0, r);
+        if (r == 0)
+            break;
+        npages = (uint64_t)r / 8;
+        for (uint64_t i = 0; i < npages; i++) {
+            uint64_t e = m->pm[i];
+            int keep = (e & PM_SWAPPED) || ((e & PM_PRESENT) && !(anon_only && (e & PM_FILE)));
+            if (keep && emit(m, a + i * CK_PAGE_SIZE, a + (i + 1) * CK_PAGE_SIZE) < 0)
+                return -1;
+        }
+        a += npages * CK_PAGE_SIZE;
+    }
+    return 0;
+}
+
+static int dump_present(struct mem_ctx *m, uint64_t start, uint64_t end, int anon_only)
+{
+    if (m->scan_ok) {
+        int rc = scan_with_ioctl(m, start, end, anon_only);
+        if (rc == 0)
+            return flush_run(m);
+        if (rc != -ENOTTY && rc != -EINVAL)
+            return rc == -EIO ? -1 : ck_image_fail(m->im, "PAGEMAP_SCAN failed", 0, rc);
+        m->scan_ok = 0;  /* older kernel: fall back for good */
+        m->run_start = m->run_end = 0;
+    }
+    if (scan_with_pagemap(m, start, end, anon_only) < 0)
+        return -1;
+    return flush_run(m);
+}
+
+/* a deleted file's private mapping: every page that can be read */
+static int dump_all_readable(struct mem_ctx *m, uint64_t start, uint64_t end)
+{
+    for (uint64_t a = start; a < end;) {
+        long r = ck_pread(m->mem_fd, m->bounce, CK_PAGE_SIZE, a);
+        if (r == CK_PAGE_SIZE) {
+            if (emit(m, a, a + CK_PAGE_SIZE) < 0)
+                return -1;
+        } else if (flush_run(m) < 0) {
+            return -1;
+        }
+        a += CK_PAGE_SIZE;
+    }
+    return flush_run(m);
+}
+
+static uint32_t madv_bits(uint32_t vmf)
+{
+    uint32_t m = 0;
+    if (vmf & CK_VMF_HUGEPAGE) m |= CK_MADV_HUGEPAGE;
+    if (vmf & CK_VMF_NOHUGEPAGE) m |= CK_MADV_NOHUGEPAGE;
+    if (vmf & CK_VMF_DONTCOPY) m |= CK_MADV_DONTFORK;
+    if (vmf & CK_VMF_WIPEONFORK) m |= CK_MADV_WIPEONFORK;
+    if (vmf & CK_VMF_DONTDUMP) m |= CK_MADV_DONTDUMP;
+    if (vmf & CK_VMF_MERGEABLE) m |= CK_MADV_MERGEABLE;
+    if (vmf & CK_VMF_RANDOM) m |= CK_MADV_RANDOM;
+    if (vmf & CK_VMF_SEQ) m |= CK_MADV_SEQUENTIAL;
+    return m;
+}
+
+static int on_mapping(const struct ck_map_entry *e, void *vctx)
+{
+    struct mem_ctx *m = vctx;
+    struct ck_image *im = m->im;
+    const char *path = e->path;
+
+    if (!ck_strcmp(path, "[vsyscall]") || !ck_strcmp(path, "[uprobes]"))
+        return 0;  /* not real mappings of the process */
+    if (e->vmflags & CK_VMF_SHADOWSTACK)
+        return ck_image_fail(im, "shadow stack mappings are not supported", 0, 0);
+
+    struct ck_vma *v = ck_table_push(&im->vmas);
+    if (!v)
+        return ck_image_fail(im, "too many memory mappings", 0, 0);
+    m->vma = v;
+    v->start = e->start;
+    v->end = e->end;
+    v->pgoff = e->offset;
+    v->prot = e->prot;
+    v->madv = madv_bits(e->vmflags);
+    v->first_run = im->runs.count;
+    if (e->shared)
+        v->flags |= CK_VMA_SHARED;
+    if (e->vmflags & CK_VMF_GROWSDOWN)
+        v->flags |= CK_VMA_GROWSDOWN;
+    if (e->vmflags & CK_VMF_NORESERVE)
+        v->flags |= CK_VMA_NORESERVE;
+    if (e->vmflags & CK_VMF_LOCKED)
+        v->flags |= CK_VMA_LOCKED;
+
+    if (ck_arena_contains(e->start, e->end)) {
+        v->flags |= CK_VMA_ANON | CK_VMA_NOCONTENT;
+        return 0;
+    }
+    if (!ck_strcmp(path, "[vdso]")) {
+        v->flags |= CK_VMA_VDSO;
+        return 0;
+    }
+    if (!ck_strcmp(path, "[vvar]") || !ck_strcmp(path, "[vvar_vclock]")) {
+        v->flags |= CK_VMA_VVAR;
+        v->path = ck_image_string(im, path);
+        return 0;
+    }
+    if (e->vmflags & (CK_VMF_IO | CK_VMF_PFNMAP))
+        return ck_image_fail(im, "device memory is mapped and cannot be saved", path, 0);
+    if (!ck_strcmp(path, "[heap]"))
+        v->flags |= CK_VMA_HEAP;
+    if (!ck_strcmp(path, "[stack]"))
+        v->flags |= CK_VMA_STACK;
+
+    int anonymous = path[0] == 0 || path[0] == '[';
+    if (e->shared && !ck_strcmp(path, "/dev/zero (deleted)"))
+        anonymous = 1;  /* MAP_SHARED | MAP_ANONYMOUS */
+    if (anonymous) {
+        v->flags |= CK_VMA_ANON;
+        return dump_present(m, e->start, e->end, 0);
+    }
+    if (ck_startswith(path, "/SYSV"))
+        return ck_image_fail(im, "System V shared memory is not supported yet", path, 0);
+
+    v->path = ck_image_string(im, path);
+    struct stat st;
+    int same_file = 0;
+    if (!ck_endswith(path, " (deleted)") && ck_stat(path, &st) == 0)
+        same_file = st.st_ino == e->ino &&
+                    major(st.st_dev) == e->dev_major && minor(st.st_dev) == e->dev_minor;
+    if (!same_file) {
+        /* deleted, or replaced on disk since it was mapped */
+        if (e->shared)
+            return ck_image_fail(im, "a shared mapping of a deleted or replaced file (memfd?) is not supported yet", path, 0);
+        v->flags |= CK_VMA_ANON | CK_VMA_DELETED;
+        return dump_all_readable(m, e->start, e->end);
+    }
+    v->flags |= CK_VMA_FILE;
+    v->dev = st.st_dev;
+    v->ino = st.st_ino;
+    v->file_size = (uint64_t)st.st_size;
+    v->mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec;
+    if (e->shared)
+        return 0;  /* contents live in the file (saved with the job's written files) */
+    return dump_present(m, e->start, e->end, 1);
+}
+
+int ck_dump_memory(struct ck_image *im, uint64_t *pages_bytes)
+{
+    struct mem_ctx m;
+    ck_memset(&m, 0, sizeof(m));
+    m.im = im;
+    m.scan_ok = 1;
+    m.regions = ck_arena_alloc(REGION_VEC * sizeof(struct ck_page_region));
+    m.pm = ck_arena_alloc(PAGEMAP_CHUNK * 8);
+    m.bounce = ck_arena_alloc(BOUNCE_SIZE);
+    size_t cap = 64u << 20;
+    char *maps = ck_arena_alloc(cap);
+    if (!m.regions || !m.pm || !m.bounce || !maps)
+        return ck_image_fail(im, "cannot allocate checkpoint scratch memory", 0, 0);
+
+    long n = ck_read_file("/proc/self/smaps", maps, cap);
+    if (n < 0)
+        return ck_image_fail(im, "cannot read /proc/self/smaps", 0, n);
+
+    m.pages_fd = (int)ck_openat(im->dirfd, "pages.img", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (m.pages_fd < 0)
+        return ck_image_fail(im, "cannot create pages.img", 0, m.pages_fd);
+    m.mem_fd = (int)ck_open("/proc/self/mem", O_RDONLY | O_CLOEXEC, 0);
+    m.pagemap_fd = (int)ck_open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC, 0);
+    int rc;
+    if (m.mem_fd < 0 || m.pagemap_fd < 0)
+        rc = ck_image_fail(im, "cannot open /proc/self/mem or pagemap", 0, m.mem_fd < 0 ? m.mem_fd : m.pagemap_fd);
+    else
+        rc = ck_parse_maps(maps, (size_t)n, on_mapping, &m);
+    ck_close(m.pages_fd);
+    if (m.mem_fd >= 0)
+        ck_close(m.mem_fd);
+    if (m.pagemap_fd >= 0)
+        ck_close(m.pagemap_fd);
+    *pages_bytes = m.pages_off;
+    return rc ? -1 : 0;
+}

@@ -1,0 +1,195 @@
+/*
+ * Interposed libc entry points.
+ *
+ *  - The open() family: remember files opened for writing (files.c).
+ *  - sigaction/signal/sigprocmask/pthread_sigmask: the quiesce signal
+ *    belongs to ckptd.  Programs may neither replace its handler nor block
+ *    it, or a checkpoint could never park their threads.
+ *
+ * The real functions are found with dlsym(RTLD_NEXT) once, in the
+ * constructor, before the program runs; open() goes straight to the
+ * system call so it works even before that.
+ */
+#include "shim.h"
+#include "../common/sys.h"
+#include "../common/util.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+
+#define CK_EXPORT __attribute__((visibility("default")))
+
+typedef int (*sigaction_fn)(int, const struct sigaction *, struct sigaction *);
+typedef int (*sigmask_fn)(int, const sigset_t *, sigset_t *);
+typedef FILE *(*fopen_fn)(const char *, const char *);
+typedef FILE *(*freopen_fn)(const char *, const char *, FILE *);
+
+static sigaction_fn real_sigaction;
+static sigmask_fn real_sigprocmask;
+static sigmask_fn real_pthread_sigmask;
+static fopen_fn real_fopen;
+static fopen_fn real_fopen64;
+static freopen_fn real_freopen;
+
+void ck_interpose_init(void)
+{
+    real_sigaction = (sigaction_fn)dlsym(RTLD_NEXT, "sigaction");
+    real_sigprocmask = (sigmask_fn)dlsym(RTLD_NEXT, "sigprocmask");
+    real_pthread_sigmask = (sigmask_fn)dlsym(RTLD_NEXT, "pthread_sigmask");
+    real_fopen = (fopen_fn)dlsym(RTLD_NEXT, "fopen");
+    real_fopen64 = (fopen_fn)dlsym(RTLD_NEXT, "fopen64");
+    real_freopen = (freopen_fn)dlsym(RTLD_NEXT, "freopen");
+}
+
+static int owned_signal(int sig) { return ck_shim.active && sig == ck_shim.quiesce_signal; }
+
+/* ---- open family ---- */
+
+static int after_open(long rc, int flags)
+{
+    if (rc < 0) {
+        errno = (int)-rc;
+        return -1;
+    }
+    if ((flags & O_ACCMODE) != O_RDONLY || (flags & (O_TRUNC | O_CREAT)))
+        ck_files_track_fd((int)rc);
+    return (int)rc;
+}
+
+#define OPEN_MODE(flags, mode)                          \
+    do {                                                \
+        if ((flags) & (O_CREAT | __O_TMPFILE)) {        \
+            va_list ap;                                 \
+            va_start(ap, flags);                        \
+            mode = va_arg(ap, int);                     \
+            va_end(ap);                                 \
+        }                                               \
+    } while (0)
+
+CK_EXPORT int open(const char *path, int flags, ...)
+{
+    int mode = 0;
+    OPEN_MODE(flags, mode);
+    return after_open(ck_openat(AT_FDCWD, path, flags, mode), flags);
+}
+
+CK_EXPORT int open64(const char *path, int flags, ...)
+{
+    int mode = 0;
+    OPEN_MODE(flags, mode);
+    return after_open(ck_openat(AT_FDCWD, path, flags | O_LARGEFILE, mode), flags);
+}
+
+CK_EXPORT int openat(int dirfd, const char *path, int flags, ...)
+{
+    int mode = 0;
+    OPEN_MODE(flags, mode);
+    return after_open(ck_openat(dirfd, path, flags, mode), flags);
+}
+
+CK_EXPORT int openat64(int dirfd, const char *path, int flags, ...)
+{
+    int mode = 0;
+    OPEN_MODE(flags, mode);
+    return after_open(ck_openat(dirfd, path, flags | O_LARGEFILE, mode), flags);
+}
+
+/* _FORTIFY_SOURCE variants (no mode argument) */
+CK_EXPORT int __open_2(const char *path, int flags) { return after_open(ck_openat(AT_FDCWD, path, flags, 0), flags); }
+CK_EXPORT int __open64_2(const char *path, int flags) { return after_open(ck_openat(AT_FDCWD, path, flags | O_LARGEFILE, 0), flags); }
+CK_EXPORT int __openat_2(int dirfd, const char *path, int flags) { return after_open(ck_openat(dirfd, path, flags, 0), flags); }
+CK_EXPORT int __openat64_2(int dirfd, const char *path, int flags) { return after_open(ck_openat(dirfd, path, flags | O_LARGEFILE, 0), flags); }
+
+CK_EXPORT int creat(const char *path, mode_t mode)
+{
+    int flags = O_CREAT | O_WRONLY | O_TRUNC;
+    return after_open(ck_openat(AT_FDCWD, path, flags, (int)mode), flags);
+}
+
+CK_EXPORT int creat64(const char *path, mode_t mode)
+{
+    int flags = O_CREAT | O_WRONLY | O_TRUNC | O_LARGEFILE;
+    return after_open(ck_openat(AT_FDCWD, path, flags, (int)mode), flags);
+}
+
+static int mode_writes(const char *mode) { return mode && (__builtin_strpbrk(mode, "wa+") != 0); }
+
+static FILE *track_stream(FILE *f, const char *mode)
+{
+    if (f && mode_writes(mode))
+        ck_files_track_fd(fileno(f));
+    return f;
+}
+
+CK_EXPORT FILE *fopen(const char *path, const char *mode)
+{
+    if (!real_fopen)
+        real_fopen = (fopen_fn)dlsym(RTLD_NEXT, "fopen");
+    return track_stream(real_fopen(path, mode), mode);
+}
+
+CK_EXPORT FILE *fopen64(const char *path, const char *mode)
+{
+    if (!real_fopen64)
+        real_fopen64 = (fopen_fn)dlsym(RTLD_NEXT, "fopen64");
+    return track_stream(real_fopen64(path, mode), mode);
+}
+
+CK_EXPORT FILE *freopen(const char *path, const char *mode, FILE *stream)
+{
+    if (!real_freopen)
+        real_freopen = (freopen_fn)dlsym(RTLD_NEXT, "freopen");
+    return track_stream(real_freopen(path, mode, stream), mode);
+}
+
+/* ---- signals ---- */
+
+CK_EXPORT int sigaction(int sig, const struct sigaction *act, struct sigaction *old)
+{
+    if (!real_sigaction)
+        real_sigaction = (sigaction_fn)dlsym(RTLD_NEXT, "sigaction");
+    if (owned_signal(sig) && act) {
+        errno = EINVAL;  /* reserved by ckptd (CKPTD_QUIESCE_SIGNAL picks another) */
+        return -1;
+    }
+    return real_sigaction(sig, act, old);
+}
+
+CK_EXPORT sighandler_t signal(int sig, sighandler_t handler)
+{
+    struct sigaction act, old;
+    __builtin_memset(&act, 0, sizeof(act));
+    act.sa_handler = handler;
+    act.sa_flags = SA_RESTART;
+    sigemptyset(&act.sa_mask);
+    if (sigaction(sig, &act, &old) < 0)
+        return SIG_ERR;
+    return old.sa_handler;
+}
+
+static const sigset_t *without_owned(int how, const sigset_t *set, sigset_t *copy)
+{
+    if (!set || how == SIG_UNBLOCK || !ck_shim.active || !sigismember(set, ck_shim.quiesce_signal))
+        return set;
+    *copy = *set;
+    sigdelset(copy, ck_shim.quiesce_signal);
+    return copy;
+}
+
+CK_EXPORT int sigprocmask(int how, const sigset_t *set, sigset_t *old)
+{
+    sigset_t copy;
+    if (!real_sigprocmask)
+        real_sigprocmask = (sigmask_fn)dlsym(RTLD_NEXT, "sigprocmask");
+    return real_sigprocmask(how, without_owned(how, set, &copy), old);
+}
+
+CK_EXPORT int pthread_sigmask(int how, const sigset_t *set, sigset_t *old)
+{
+    sigset_t copy;
+    if (!real_pthread_sigmask)
+        real_pthread_sigmask = (sigmask_fn)dlsym(RTLD_NEXT, "pthread_sigmask");
+    return real_pthread_sigmask(how, without_owned(how, set, &copy), old);
+}

@@ -1,0 +1,291 @@
+/*
+ * Parking every thread but the checkpoint thread.
+ *
+ * The checkpoint thread sends the quiesce signal to each thread with tgkill.
+ * The handler records the thread's kernel-side state (TLS base, clear-tid
+ * word, robust list, rseq area, capabilities), saves a resume point with
+ * ck_save_ctx and sleeps on a futex until released.  The interrupted user
+ * context sits in the kernel's signal frame on the thread's own stack, so
+ * it is dumped with the rest of memory; a restored thread jumps back to the
+ * saved resume point, waits for the release like the original did, and
+ * returns from the handler: rt_sigreturn then restores its registers, FPU
+ * and AVX state, signal mask and alternate stack exactly.
+ *
+ * The handler uses only raw system calls and never touches errno.
+ */
+#include "shim.h"
+#include "../common/sys.h"
+#include "../common/util.h"
+
+#include <errno.h>
+#include <sys/prctl.h>
+
+#define PHASE_RUNNING 0
+#define PHASE_PARKING 1
+
+static volatile uint32_t phase;
+static volatile uint32_t release_gen;  /* futex: bumped to release parked threads */
+static volatile uint32_t parked;       /* futex: threads parked so far */
+static volatile uint32_t nslots;       /* slots claimed (may exceed CK_MAX_THREADS) */
+static struct ck_thread slots[CK_MAX_THREADS];
+
+/* tids signalled in the current round; lives in the arena */
+static int32_t *signalled;
+static uint32_t nsignalled;
+
+/* glibc >= 2.35 publishes where each thread's rseq area sits in its TCB */
+extern const long __rseq_offset __attribute__((weak));
+extern const unsigned int __rseq_size __attribute__((weak));
+
+#define RSEQ_SIG_X86 0x53053053u
+#define RSEQ_MIN_LEN 32u
+
+void ck_fill_thread(struct ck_thread *t, uint64_t sigmask)
+{
+    unsigned long v = 0;
+    t->tid = (int32_t)ck_gettid();
+    t->flags = t->tid == (int32_t)ck_getpid() ? CK_THREAD_MAIN : 0;
+    if (ck_arch_prctl(ARCH_GET_FS, (unsigned long)&v) == 0)
+        t->fs_base = v;
+    v = 0;
+    if (ck_arch_prctl(ARCH_GET_GS, (unsigned long)&v) == 0)
+        t->gs_base = v;
+    v = 0;
+    if (ck_prctl(PR_GET_TID_ADDRESS, (unsigned long)&v, 0, 0, 0) == 0)
+        t->clear_child_tid = v;
+    void *head = 0;
+    size_t len = 0;
+    if (ck_get_robust_list(0, &head, &len) == 0) {
+        t->robust_list = (uint64_t)head;
+        t->robust_len = len;
+    }
+    t->rseq_addr = 0;
+    if (&__rseq_offset && &__rseq_size && __rseq_size > 0 && t->fs_base) {
+        uint64_t area = t->fs_base + (uint64_t)__rseq_offset;
+        /* cpu_id (offset 4) is negative when registration failed */
+        if (*(volatile int32_t *)(area + 4) >= 0) {
+            t->rseq_addr = area;
+            t->rseq_len = __rseq_size > RSEQ_MIN_LEN ? __rseq_size : RSEQ_MIN_LEN;
+            t->rseq_sig = RSEQ_SIG_X86;
+        }
+    }
+    t->sigmask = sigmask;
+    struct ck_cap_header h = {CK_CAP_VERSION_3, 0};
+    struct ck_cap_data d[2];
+    ck_memset(d, 0, sizeof(d));
+    if (ck_capget(&h, d) == 0) {
+        for (int i = 0; i < 2; i++) {
+            t->cap_effective[i] = d[i].effective;
+            t->cap_permitted[i] = d[i].permitted;
+            t->cap_inheritable[i] = d[i].inheritable;
+        }
+    }
+    ck_prctl(PR_GET_NAME, (unsigned long)t->comm, 0, 0, 0);
+}
+
+static void quiesce_handler(int sig, siginfo_t *si, void *ucv)
+{
+    (void)sig;
+    (void)si;
+    if (__atomic_load_n(&phase, __ATOMIC_ACQUIRE) != PHASE_PARKING)
+        return;  /* stray signal outside a checkpoint */
+    ucontext_t *uc = ucv;
+    volatile uint32_t gen = __atomic_load_n(&release_gen, __ATOMIC_ACQUIRE);
+    uint32_t idx = __atomic_fetch_add(&nslots, 1, __ATOMIC_ACQ_REL);
+    if (idx < CK_MAX_THREADS) {
+        struct ck_thread *t = &slots[idx];
+        uint64_t mask;
+        ck_memcpy(&mask, &uc->uc_sigmask, sizeof(mask));
+        ck_fill_thread(t, mask);
+        if (ck_save_ctx(&t->ctx) == 0) {
+            __atomic_fetch_add(&parked, 1, __ATOMIC_RELEASE);
+            ck_futex_wake_all(&parked);
+        } else {
+            /* restored: we are back in shim code, off the restorer's stack */
+            __atomic_fetch_add(&ck_restart.arrived, 1, __ATOMIC_RELEASE);
+            ck_futex_wake_all(&ck_restart.arrived);
+        }
+    } else {
+        __atomic_fetch_add(&parked, 1, __ATOMIC_RELEASE);
+        ck_futex_wake_all(&parked);
+    }
+    while (__atomic_load_n(&release_gen, __ATOMIC_ACQUIRE) == gen)
+        ck_futex_wait(&release_gen, gen, -1);
+}
+
+int ck_quiesce_install(int sig)
+{
+    struct ck_kernel_sigaction act, old;
+    extern void ck_sigreturn_trampoline(void) CK_HIDDEN;
+    ck_memset(&act, 0, sizeof(act));
+    act.handler = (uint64_t)quiesce_handler;
+    act.flags = SA_SIGINFO | SA_RESTART | SA_RESTORER;
+    act.restorer = (uint64_t)ck_sigreturn_trampoline;
+    act.mask = ~0ull;  /* nothing else runs on a parked thread */
+    return (int)ck_rt_sigaction(sig, &act, &old);
+}
+
+static int task_exists(int tid)
+{
+    char path[64];
+    struct ck_buf b;
+    struct stat st;
+    ck_buf_init(&b, path, sizeof(path));
+    ck_buf_str(&b, "/proc/self/task/");
+    ck_buf_u64(&b, (uint64_t)tid);
+    return ck_stat(path, &st) == 0;
+}
+
+static int already_signalled(int tid)
+{
+    for (uint32_t i = 0; i < nsignalled; i++)
+        if (signalled[i] == tid)
+            return 1;
+    return 0;
+}
+
+/* signal every task not yet signalled; returns how many new ones, or -errno */
+static long signal_new_tasks(int self, int pid, int sig)
+{
+    char buf[4096];
+    long fd = ck_open("/proc/self/task", O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
+    if (fd < 0)
+        return fd;
+    long added = 0;
+    for (;;) {
+        long n = ck_getdents64((int)fd, buf, sizeof(buf));
+        if (n < 0) {
+            ck_close((int)fd);
+            return n;
+        }
+        if (n == 0)
+            break;
+        for (long off = 0; off < n;) {
+            struct ck_linux_dirent64 *d = (void *)(buf + off);
+            off += d->d_reclen;
+            if (d->d_name[0] < '0' || d->d_name[0] > '9')
+                continue;
+            int tid = (int)ck_parse_u64(d->d_name, 10, 0);
+            if (tid == self || already_signalled(tid))
+                continue;
+            if (nsignalled >= CK_MAX_THREADS) {
+                ck_close((int)fd);
+                return -E2BIG;
+            }
+            long rc = ck_tgkill(pid, tid, sig);
+            if (rc == -ESRCH)
+                continue;  /* exited meanwhile */
+            if (rc < 0) {
+                ck_close((int)fd);
+                return rc;
+            }
+            signalled[nsignalled++] = tid;
+            added++;
+        }
+    }
+    ck_close((int)fd);
+    return added;
+}
+
+/* how many signalled threads are gone without parking */
+static uint32_t count_vanished(void)
+{
+    uint32_t gone = 0;
+    for (uint32_t i = 0; i < nsignalled; i++) {
+        int tid = signalled[i];
+        int found = 0;
+        uint32_t n = __atomic_load_n(&nslots, __ATOMIC_ACQUIRE);
+        for (uint32_t j = 0; j < n && j < CK_MAX_THREADS; j++)
+            if (slots[j].tid == tid)
+                found = 1;
+        if (!found && !task_exists(tid))
+            gone++;
+    }
+    return gone;
+}
+
+int ck_quiesce(long timeout_ms, char *err, size_t errcap)
+{
+    struct ck_buf eb;
+    ck_buf_init(&eb, err, errcap);
+    if (phase != PHASE_RUNNING) {
+        ck_buf_str(&eb, "a checkpoint is already in progress in this process");
+        return -1;
+    }
+    if (!signalled) {
+        signalled = ck_arena_alloc(CK_MAX_THREADS * sizeof(int32_t));
+        if (!signalled) {
+            ck_buf_str(&eb, "cannot allocate checkpoint scratch memory");
+            return -1;
+        }
+    }
+    int self = (int)ck_gettid(), pid = (int)ck_getpid();
+    nsignalled = 0;
+    __atomic_store_n(&nslots, 0, __ATOMIC_RELEASE);
+    __atomic_store_n(&parked, 0, __ATOMIC_RELEASE);
+    __atomic_store_n(&phase, PHASE_PARKING, __ATOMIC_RELEASE);
+
+    int64_t deadline = ck_now_ns(CLOCK_MONOTONIC) + timeout_ms * 1000000LL;
+    uint32_t vanished = 0;
+    for (;;) {
+        long added = signal_new_tasks(self, pid, ck_shim.quiesce_signal);
+        if (added < 0) {
+            ck_buf_str(&eb, "cannot signal the threads of the process: errno ");
+            ck_buf_i64(&eb, -added);
+            ck_release();
+            return -1;
+        }
+        uint32_t p = __atomic_load_n(&parked, __ATOMIC_ACQUIRE);
+        if (added == 0 && p + vanished >= nsignalled) {
+            /* every thread we know of is parked: a parked thread cannot
+             * create new ones, so one more scan settles it */
+            if (signal_new_tasks(self, pid, ck_shim.quiesce_signal) == 0)
+                break;
+            continue;
+        }
+        if (ck_now_ns(CLOCK_MONOTONIC) > deadline) {
+            ck_buf_str(&eb, "timed out after ");
+            ck_buf_i64(&eb, timeout_ms);
+            ck_buf_str(&eb, " ms: ");
+            ck_buf_u64(&eb, nsignalled - p - vanished);
+            ck_buf_str(&eb, " of ");
+            ck_buf_u64(&eb, nsignalled);
+            ck_buf_str(&eb, " threads did not respond to the quiesce signal (is it blocked?)");
+            ck_release();
+            return -1;
+        }
+        ck_futex_wait(&parked, p, 5);
+        vanished = count_vanished();
+    }
+    if (__atomic_load_n(&nslots, __ATOMIC_ACQUIRE) > CK_MAX_THREADS) {
+        ck_buf_str(&eb, "too many threads (limit 4096)");
+        ck_release();
+        return -1;
+    }
+    return 0;
+}
+
+void ck_release(void)
+{
+    __atomic_store_n(&phase, PHASE_RUNNING, __ATOMIC_RELEASE);
+    __atomic_fetch_add(&release_gen, 1, __ATOMIC_ACQ_REL);
+    ck_futex_wake_all(&release_gen);
+}
+
+int ck_is_parked(void) { return __atomic_load_n(&phase, __ATOMIC_ACQUIRE) == PHASE_PARKING; }
+
+struct ck_thread *ck_parked_threads(uint32_t *n)
+{
+    *n = __atomic_load_n(&nslots, __ATOMIC_ACQUIRE);
+    return slots;
+}
+
+void ck_wait_threads_arrived(uint32_t n)
+{
+    for (;;) {
+        uint32_t a = __atomic_load_n(&ck_restart.arrived, __ATOMIC_ACQUIRE);
+        if (a >= n)
+            return;
+        ck_futex_wait(&ck_restart.arrived, a, 100);
+    }
+}

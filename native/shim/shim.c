@@ -1,0 +1,372 @@
+/*
+ * libckptd.so entry point: registration with the agent and the checkpoint
+ * thread's command loop.
+ *
+ * Protocol (one line per message, tab-separated, values percent-encoded;
+ * see ckptd/agent/shim_protocol.py for the agent's side):
+ *   shim  -> agent  HELLO job= pid= tid= ppid= exe= restored=0|1 checkpoint=
+ *   agent -> shim   QUIESCE timeout_ms=   -> QUIESCED threads=   | ERROR msg=
+ *   agent -> shim   DUMP dir=             -> DUMPED <stats>      | ERROR msg=
+ *   agent -> shim   RESUME / ABORT        -> RESUMED
+ *   agent -> shim   PING                  -> PONG
+ * If the connection drops while threads are parked they are released: a
+ * job is never left frozen because its agent died.
+ */
+#include "shim.h"
+#include "../common/sys.h"
+#include "../common/util.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+
+#define CK_HIGH_FD 900
+#define CK_PROTOCOL_VERSION 1
+
+struct ck_shim_state ck_shim = {.agent_fd = -1};
+struct ck_restart_info ck_restart;
+
+static char rx_buf[8192];
+static size_t rx_len;
+
+static void uri_decode(char *s)
+{
+    char *out = s;
+    for (; *s; s++) {
+        if (s[0] == '%' && s[1] && s[2]) {
+            const char *end;
+            char hex[3] = {s[1], s[2], 0};
+            uint64_t v = ck_parse_u64(hex, 16, &end);
+            if (end == hex + 2) {
+                *out++ = (char)v;
+                s += 2;
+                continue;
+            }
+        }
+        *out++ = *s;
+    }
+    *out = 0;
+}
+
+/* value of key in a received line ("CMD\tk=v\tk=v"), decoded in place */
+static const char *msg_get(char *line, const char *key)
+{
+    size_t kl = ck_strlen(key);
+    char *p = line;
+    while ((p = __builtin_strchr(p, '\t')) != 0) {
+        p++;
+        if (ck_strncmp(p, key, kl) == 0 && p[kl] == '=') {
+            char *v = p + kl + 1;
+            char *end = __builtin_strchr(v, '\t');
+            if (end)
+                *end = 0;
+            uri_decode(v);
+            return v;
+        }
+    }
+    return 0;
+}
+
+static int send_all(int fd, const char *p, size_t n)
+{
+    while (n) {
+        long w = ck_sc4(SYS_sendto, fd, p, n, MSG_NOSIGNAL);
+        if (w == -EINTR)
+            continue;
+        if (w <= 0)
+            return -1;
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+static int send_line(struct ck_buf *b)
+{
+    ck_buf_char(b, '\n');
+    if (ck_shim.agent_fd < 0)
+        return -1;
+    return send_all(ck_shim.agent_fd, b->data, b->len);
+}
+
+static void kv_str(struct ck_buf *b, const char *k, const char *v)
+{
+    ck_buf_char(b, '\t');
+    ck_buf_str(b, k);
+    ck_buf_char(b, '=');
+    ck_buf_escaped(b, v);
+}
+
+static void kv_u64(struct ck_buf *b, const char *k, uint64_t v)
+{
+    ck_buf_char(b, '\t');
+    ck_buf_str(b, k);
+    ck_buf_char(b, '=');
+    ck_buf_u64(b, v);
+}
+
+/* next line from the agent into `out`; 0 on success, -1 on EOF or error */
+static int recv_line(char *out, size_t cap)
+{
+    for (;;) {
+        for (size_t i = 0; i < rx_len; i++) {
+            if (rx_buf[i] == '\n') {
+                size_t n = i < cap - 1 ? i : cap - 1;
+                ck_memcpy(out, rx_buf, n);
+                out[n] = 0;
+                rx_len -= i + 1;
+                __builtin_memmove(rx_buf, rx_buf + i + 1, rx_len);
+                return 0;
+            }
+        }
+        if (rx_len == sizeof(rx_buf))
+            rx_len = 0;  /* oversized line: drop it */
+        long n = ck_read(ck_shim.agent_fd, rx_buf + rx_len, sizeof(rx_buf) - rx_len);
+        if (n == -EINTR)
+            continue;
+        if (n <= 0)
+            return -1;
+        rx_len += (size_t)n;
+    }
+}
+
+static int connect_agent(void)
+{
+    struct sockaddr_un sa;
+    ck_memset(&sa, 0, sizeof(sa));
+    sa.sun_family = AF_UNIX;
+    ck_strlcpy(sa.sun_path, ck_shim.socket_path, sizeof(sa.sun_path));
+    long fd = ck_socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    if (ck_connect((int)fd, &sa, sizeof(sa)) < 0) {
+        ck_close((int)fd);
+        return -1;
+    }
+    /* keep clear of the low descriptors programs like to dup2 onto */
+    long high = ck_fcntl((int)fd, F_DUPFD_CLOEXEC, CK_HIGH_FD);
+    if (high >= 0) {
+        ck_close((int)fd);
+        fd = high;
+    }
+    ck_shim.agent_fd = (int)fd;
+    rx_len = 0;
+    return 0;
+}
+
+static int send_hello(int restored)
+{
+    char exe[512], line[2048];
+    struct ck_buf b;
+    long n = ck_readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    exe[n > 0 ? n : 0] = 0;
+    ck_buf_init(&b, line, sizeof(line));
+    ck_buf_str(&b, "HELLO");
+    kv_u64(&b, "version", CK_PROTOCOL_VERSION);
+    kv_str(&b, "job", ck_shim.job);
+    kv_u64(&b, "pid", (uint64_t)ck_getpid());
+    kv_u64(&b, "ppid", (uint64_t)ck_getppid());
+    kv_str(&b, "exe", exe);
+    kv_u64(&b, "restored", (uint64_t)restored);
+    kv_str(&b, "checkpoint", restored ? ck_restart.checkpoint_id : "");
+    return send_line(&b);
+}
+
+static void reply_error(const char *msg)
+{
+    char line[CK_ERR_CAP + 64];
+    struct ck_buf b;
+    ck_buf_init(&b, line, sizeof(line));
+    ck_buf_str(&b, "ERROR");
+    kv_str(&b, "msg", msg);
+    send_line(&b);
+}
+
+static void reply_simple(const char *word)
+{
+    char line[64];
+    struct ck_buf b;
+    ck_buf_init(&b, line, sizeof(line));
+    ck_buf_str(&b, word);
+    send_line(&b);
+}
+
+static void drop_connection(void)
+{
+    if (ck_shim.agent_fd >= 0)
+        ck_close(ck_shim.agent_fd);
+    ck_shim.agent_fd = -1;
+    /* never leave the job frozen without someone to resume it */
+    if (ck_is_parked())
+        ck_release();
+}
+
+/* Called on the restored checkpoint thread: finish what the restorer began. */
+static void finish_restore(void)
+{
+    ck_wait_threads_arrived(ck_restart.nthreads);
+    if (ck_restart.hole_start && ck_restart.hole_len)
+        ck_munmap((void *)ck_restart.hole_start, ck_restart.hole_len);
+    ck_shim.agent_fd = -1;  /* the old connection did not survive */
+    if (ck_restart.agent_socket[0])
+        ck_strlcpy(ck_shim.socket_path, ck_restart.agent_socket, sizeof(ck_shim.socket_path));
+    for (int attempt = 0; attempt < 100; attempt++) {
+        if (connect_agent() == 0 && send_hello(1) == 0)
+            return;  /* stay parked until the agent says RESUME */
+        drop_connection();
+        ck_nanosleep_ms(100);
+    }
+    ck_release();  /* no agent: run on rather than stay frozen */
+}
+
+static void handle_dump(char *line)
+{
+    const char *dir = msg_get(line, "dir");
+    char err[CK_ERR_CAP];
+    struct ck_dump_stats st;
+    if (!dir) {
+        reply_error("DUMP without dir");
+        return;
+    }
+    if (!ck_is_parked()) {
+        reply_error("DUMP before QUIESCE");
+        return;
+    }
+    int rc = ck_dump(dir, &st, err, sizeof(err));
+    if (rc == CK_DUMP_RESTORED) {
+        finish_restore();
+        return;
+    }
+    if (rc != CK_DUMP_OK) {
+        reply_error(err);
+        return;
+    }
+    char out[512];
+    struct ck_buf b;
+    ck_buf_init(&b, out, sizeof(out));
+    ck_buf_str(&b, "DUMPED");
+    kv_u64(&b, "pages_bytes", st.pages_bytes);
+    kv_u64(&b, "core_bytes", st.core_bytes);
+    kv_u64(&b, "files_bytes", st.files_bytes);
+    kv_u64(&b, "vmas", st.nvmas);
+    kv_u64(&b, "threads", st.nthreads);
+    kv_u64(&b, "fds", st.nfds);
+    kv_u64(&b, "files", st.nfiles);
+    kv_u64(&b, "dump_ns", (uint64_t)st.duration_ns);
+    send_line(&b);
+}
+
+static void handle_quiesce(char *line)
+{
+    const char *t = msg_get(line, "timeout_ms");
+    long timeout = t ? (long)ck_parse_u64(t, 10, 0) : 10000;
+    char err[CK_ERR_CAP];
+    if (ck_arena_setup() < 0) {
+        reply_error("cannot reserve checkpoint scratch memory");
+        return;
+    }
+    if (ck_quiesce(timeout, err, sizeof(err)) < 0) {
+        reply_error(err);
+        return;
+    }
+    uint32_t n;
+    ck_parked_threads(&n);
+    char out[128];
+    struct ck_buf b;
+    ck_buf_init(&b, out, sizeof(out));
+    ck_buf_str(&b, "QUIESCED");
+    kv_u64(&b, "threads", n + 1);
+    send_line(&b);
+}
+
+static void command_loop(void)
+{
+    static char line[4096];
+    for (;;) {
+        if (ck_shim.agent_fd < 0) {
+            /* agent gone (restarted?): keep trying, the job runs meanwhile */
+            if (connect_agent() < 0 || send_hello(0) < 0) {
+                drop_connection();
+                ck_nanosleep_ms(1000);
+                continue;
+            }
+        }
+        if (recv_line(line, sizeof(line)) < 0) {
+            drop_connection();
+            continue;
+        }
+        if (ck_startswith(line, "QUIESCE")) {
+            handle_quiesce(line);
+        } else if (ck_startswith(line, "DUMP")) {
+            handle_dump(line);
+        } else if (ck_startswith(line, "RESUME") || ck_startswith(line, "ABORT")) {
+            if (ck_is_parked())
+                ck_release();
+            ck_arena_reset();
+            reply_simple("RESUMED");
+        } else if (ck_startswith(line, "PING")) {
+            reply_simple("PONG");
+        } else {
+            reply_error("unknown command");
+        }
+    }
+}
+
+static void *checkpoint_thread(void *arg)
+{
+    (void)arg;
+    ck_prctl(PR_SET_NAME, (unsigned long)"ckptd", 0, 0, 0);
+    command_loop();
+    return 0;
+}
+
+static void start_checkpoint_thread(void)
+{
+    pthread_t th;
+    pthread_attr_t attr;
+    /* the checkpoint thread inherits a mask blocking every signal except
+     * glibc's internal SIGCANCEL and SIGSETXID (setuid() in a threaded
+     * program waits for every thread to take SIGSETXID) */
+    uint64_t all = ~0ull & ~((1ull << 31) | (1ull << 32)), old = 0;
+    ck_sigprocmask(SIG_SETMASK, &all, &old);
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_attr_setstacksize(&attr, 256 * 1024);
+    if (pthread_create(&th, &attr, checkpoint_thread, 0) != 0)
+        ck_shim.active = 0;
+    pthread_attr_destroy(&attr);
+    ck_sigprocmask(SIG_SETMASK, &old, 0);
+}
+
+static void after_fork_child(void)
+{
+    /* the child shares the parent's socket: leave it to the parent */
+    if (ck_shim.agent_fd >= 0)
+        ck_close(ck_shim.agent_fd);
+    ck_shim.agent_fd = -1;
+    if (ck_shim.active)
+        start_checkpoint_thread();
+}
+
+__attribute__((constructor)) static void ck_shim_init(void)
+{
+    const char *sock = getenv("CKPTD_SHIM_SOCKET");
+    const char *job = getenv("CKPTD_JOB");
+    const char *sig = getenv("CKPTD_QUIESCE_SIGNAL");
+    ck_interpose_init();
+    if (!sock || !*sock || !job)
+        return;  /* preloaded outside a ckptd job: stay inert */
+    ck_strlcpy(ck_shim.socket_path, sock, sizeof(ck_shim.socket_path));
+    ck_strlcpy(ck_shim.job, job, sizeof(ck_shim.job));
+    ck_shim.quiesce_signal = sig && *sig ? (int)ck_parse_u64(sig, 10, 0) : SIGRTMAX - 1;
+    if (ck_quiesce_install(ck_shim.quiesce_signal) < 0)
+        return;
+    ck_shim.active = 1;
+    pthread_atfork(0, 0, after_fork_child);
+    if (connect_agent() < 0 || send_hello(0) < 0)
+        drop_connection();  /* the checkpoint thread keeps retrying */
+    start_checkpoint_thread();
+}

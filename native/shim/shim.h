@@ -1,0 +1,111 @@
+/*
+ * libckptd.so internals.
+ *
+ * The shim is LD_PRELOADed into every process of a job.  At load it starts a
+ * checkpoint thread that holds a Unix-socket connection to the node agent and
+ * obeys QUIESCE / DUMP / RESUME / ABORT.  Everything the checkpoint thread
+ * does while the other threads are parked uses raw system calls (sys.h) and
+ * the scratch arena: never malloc, stdio or any libc lock, since a parked
+ * thread may hold one.
+ */
+#ifndef CKPTD_SHIM_H
+#define CKPTD_SHIM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../include/ckptd/image_format.h"
+
+#define CK_HIDDEN __attribute__((visibility("hidden")))
+#define CK_MAX_THREADS 4096
+#define CK_ERR_CAP 512
+
+/* ---- shim.c: process-wide state ---- */
+struct ck_shim_state {
+    int active;               /* launched under ckptd and registered */
+    int agent_fd;             /* connection to the agent, or -1 */
+    int quiesce_signal;
+    char job[128];
+    char socket_path[108];
+};
+extern struct ck_shim_state ck_shim CK_HIDDEN;
+extern struct ck_restart_info ck_restart CK_HIDDEN;
+
+/* ---- ctx.S ---- */
+int ck_save_ctx(struct ck_jmpctx *ctx) CK_HIDDEN __attribute__((returns_twice));
+
+/* ---- arena.c: scratch memory excluded from every image ---- */
+struct ck_table {
+    char *base;
+    size_t elem;      /* record size; 1 for byte buffers */
+    size_t count;     /* records used */
+    size_t cap;       /* records available */
+};
+int ck_arena_setup(void) CK_HIDDEN;
+void ck_arena_reset(void) CK_HIDDEN;   /* give the pages back after a dump */
+int ck_arena_contains(uint64_t start, uint64_t end) CK_HIDDEN;
+/* carve a table of `cap` records of `elem` bytes out of the arena */
+int ck_table_init(struct ck_table *t, size_t elem, size_t cap) CK_HIDDEN;
+void *ck_table_push(struct ck_table *t) CK_HIDDEN;        /* zeroed record or NULL */
+void *ck_table_at(struct ck_table *t, size_t i) CK_HIDDEN;
+uint64_t ck_table_bytes_append(struct ck_table *t, const void *p, size_t n) CK_HIDDEN;
+void *ck_arena_alloc(size_t n) CK_HIDDEN;
+
+/* ---- quiesce.c ---- */
+int ck_quiesce_install(int sig) CK_HIDDEN;
+/* park every other thread; 0 or -1 with err filled */
+int ck_quiesce(long timeout_ms, char *err, size_t errcap) CK_HIDDEN;
+void ck_release(void) CK_HIDDEN;
+int ck_is_parked(void) CK_HIDDEN;
+/* records of the parked threads, valid while parked */
+struct ck_thread *ck_parked_threads(uint32_t *n) CK_HIDDEN;
+void ck_fill_thread(struct ck_thread *t, uint64_t sigmask) CK_HIDDEN;
+/* after a restore: wait until every parked thread is back in shim code */
+void ck_wait_threads_arrived(uint32_t n) CK_HIDDEN;
+
+/* ---- dump.c ---- */
+#define CK_DUMP_OK 0
+#define CK_DUMP_ERROR 1
+#define CK_DUMP_RESTORED 2
+struct ck_dump_stats {
+    uint64_t pages_bytes;
+    uint64_t core_bytes;
+    uint64_t files_bytes;
+    uint32_t nvmas;
+    uint32_t nthreads;
+    uint32_t nfds;
+    uint32_t nfiles;
+    int64_t duration_ns;
+};
+int ck_dump(const char *dir, struct ck_dump_stats *st, char *err, size_t errcap) CK_HIDDEN;
+
+/* the image being built; sections are tables in the arena */
+struct ck_image {
+    int dirfd;
+    int own_fds[8];           /* the shim's descriptors: never part of the image */
+    int n_own_fds;
+    struct ck_proc proc;
+    struct ck_table threads, vmas, runs, fds, epoll, pending, files, strings, blob;
+    char auxv[1024];
+    size_t auxv_len;
+    char *err;
+    size_t errcap;
+};
+uint32_t ck_image_string(struct ck_image *im, const char *s) CK_HIDDEN;
+int ck_image_fail(struct ck_image *im, const char *what, const char *detail, long rc) CK_HIDDEN;
+int ck_image_is_own_fd(struct ck_image *im, int fd) CK_HIDDEN;
+
+/* ---- dump_mem.c ---- */
+int ck_dump_memory(struct ck_image *im, uint64_t *pages_bytes) CK_HIDDEN;
+
+/* ---- dump_fds.c ---- */
+int ck_dump_fds(struct ck_image *im) CK_HIDDEN;
+
+/* ---- files.c ---- */
+void ck_files_track_fd(int fd) CK_HIDDEN;
+int ck_dump_files(struct ck_image *im, uint64_t *bytes) CK_HIDDEN;
+
+/* ---- interpose.c ---- */
+void ck_interpose_init(void) CK_HIDDEN;
+
+#endif
