@@ -1,0 +1,247 @@
+"""The per-node agent: its jobs, its shim socket, and its link to the coordinator."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from ckptd.errors import CkptdError, Code
+from ckptd.image.checksum import IdentityCache
+from ckptd.paths import Home, JobDir
+from ckptd.rpc import call, coordinator_stub
+from ckptd.v1 import ckptd_pb2 as pb
+
+from .checkpoint import Checkpointer
+from .health import node_health
+from .restore import restore_job
+from .runtime import Incarnation, JobRuntime, spec_from_json, spec_to_json
+from .shim_link import ShimConnection, ShimServer
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_S = 2.0
+
+
+class AgentNode:
+    def __init__(self, home: Home, node: str, address: str, coordinator: str) -> None:
+        self.home = home
+        self.node = node
+        self.address = address
+        self.coordinator_address = coordinator
+        self.jobs: dict[str, JobRuntime] = {}
+        self.lock = threading.Lock()
+        self.identities = IdentityCache()
+        self.checkpointer = Checkpointer(self.identities)
+        self.shim_server = ShimServer(home.shim_socket(node), self._on_hello, self._on_close)
+        self._coordinator = coordinator_stub(coordinator)
+        self._stop = threading.Event()
+        self._events: list[pb.JobStatus] = []
+        self._events_cv = threading.Condition()
+
+    # ---- lifecycle ----
+
+    def start(self) -> None:
+        self.home.agent_dir(self.node).mkdir(parents=True, exist_ok=True)
+        self._readopt()
+        self.shim_server.start()
+        threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True).start()
+        threading.Thread(target=self._event_loop, name="events", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.shim_server.stop()
+        with self._events_cv:
+            self._events_cv.notify_all()
+
+    def _register(self) -> bool:
+        try:
+            call(
+                self._coordinator.RegisterNode,
+                pb.RegisterNodeRequest(node=self.node, address=self.address, uid=os.getuid()),
+                5,
+                "coordinator",
+            )
+        except CkptdError as e:
+            log.warning("cannot register with the coordinator at %s: %s", self.coordinator_address, e)
+            return False
+        for job in list(self.jobs.values()):
+            self._queue_event(job.status())
+        return True
+
+    def _heartbeat_loop(self) -> None:
+        registered = False
+        while not self._stop.is_set():
+            if not registered:
+                registered = self._register()
+            else:
+                try:
+                    call(
+                        self._coordinator.Heartbeat,
+                        pb.HeartbeatRequest(node=self.node, health=node_health(self.node)),
+                        5,
+                        "coordinator",
+                    )
+                except CkptdError as e:
+                    # the coordinator restarted or is gone: register again
+                    log.warning("heartbeat failed: %s", e)
+                    registered = e.code is not Code.NOT_FOUND and e.code is not Code.UNAVAILABLE
+            self._stop.wait(HEARTBEAT_S)
+
+    def _queue_event(self, status: pb.JobStatus) -> None:
+        with self._events_cv:
+            self._events.append(status)
+            self._events_cv.notify_all()
+
+    def _event_loop(self) -> None:
+        """Report job changes in order, outside any job lock."""
+        while not self._stop.is_set():
+            with self._events_cv:
+                while not self._events and not self._stop.is_set():
+                    self._events_cv.wait(1.0)
+                events, self._events = self._events, []
+            for status in events:
+                with contextlib.suppress(CkptdError):
+                    call(
+                        self._coordinator.ReportJobEvent,
+                        pb.JobEvent(node=self.node, status=status),
+                        5,
+                        "coordinator",
+                    )
+
+    def _on_change(self, job: JobRuntime) -> None:
+        self._queue_event(job.status())
+
+    # ---- shim connections ----
+
+    def _on_hello(self, conn: ShimConnection) -> None:
+        with self.lock:
+            job = self.jobs.get(conn.job)
+        if job is None:
+            log.warning("process %d says it belongs to unknown job %r; ignoring it", conn.host_pid, conn.job)
+            return
+        with job.cond:
+            job.shims[conn.host_pid] = conn
+            job.cond.notify_all()
+        log.info(
+            "job %s: process %d (pid %d in the job) registered%s",
+            job.name,
+            conn.host_pid,
+            conn.pid,
+            " after restore" if conn.restored else "",
+        )
+
+    def _on_close(self, conn: ShimConnection) -> None:
+        with self.lock:
+            job = self.jobs.get(conn.job)
+        if job is None:
+            return
+        with job.cond:
+            if job.shims.get(conn.host_pid) is conn:
+                del job.shims[conn.host_pid]
+            job.cond.notify_all()
+
+    # ---- jobs ----
+
+    def _spec_file(self, name: str) -> Path:
+        return self.home.agent_dir(self.node) / "jobs" / name / "spec.json"
+
+    def _track(self, spec: pb.JobSpec) -> JobRuntime:
+        job = JobRuntime(self.home, self.node, spec, self._on_change)
+        path = self._spec_file(spec.name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(spec_to_json(spec))
+        with self.lock:
+            self.jobs[spec.name] = job
+        return job
+
+    def _readopt(self) -> None:
+        """Jobs whose ckptd-init outlived the previous agent come back under this one."""
+        base = self.home.agent_dir(self.node) / "jobs"
+        for spec_file in sorted(base.glob("*/spec.json")):
+            try:
+                spec = spec_from_json(spec_file.read_text())
+                gens = sorted(
+                    spec_file.parent.glob("gen-*"),
+                    key=lambda p: int(p.name[4:]) if p.name[4:].isdigit() else -1,
+                )
+                if not gens:
+                    continue
+                inc = Incarnation.load(gens[-1])
+            except (OSError, ValueError, TypeError) as e:
+                log.warning("cannot read %s: %s", spec_file, e)
+                continue
+            job = JobRuntime(self.home, self.node, spec, self._on_change)
+            if job.adopt(inc):
+                with self.lock:
+                    self.jobs[spec.name] = job
+                log.info("re-adopted job %s (generation %d)", spec.name, inc.generation)
+
+    def get(self, name: str) -> JobRuntime:
+        with self.lock:
+            job = self.jobs.get(name)
+        if job is None:
+            raise CkptdError(Code.NOT_FOUND, f"job {name} is not on node {self.node}")
+        return job
+
+    def start_job(self, spec: pb.JobSpec) -> JobRuntime:
+        if not spec.argv:
+            raise CkptdError(Code.INVALID_ARGUMENT, "no command to run")
+        with self.lock:
+            old = self.jobs.get(spec.name)
+        if old is not None and old.alive():
+            raise CkptdError(Code.ALREADY_EXISTS, f"job {spec.name} is already running on {self.node}")
+        jd = JobDir.of(spec.ckpt_dir, spec.name)
+        try:
+            jd.path.mkdir(parents=True, exist_ok=True)
+            jd.spec_file.write_text(spec_to_json(spec))
+        except OSError as e:
+            raise CkptdError(Code.PERMISSION_DENIED, f"cannot create the job directory {jd.path}: {e.strerror}") from e
+        job = self._track(spec)
+        job.spawn(list(spec.argv), restore=False)
+        return job
+
+    def restore(self, spec: pb.JobSpec, checkpoint: Path, allow_changed: bool) -> JobRuntime:
+        with self.lock:
+            job = self.jobs.get(spec.name)
+        if job is not None and job.alive():
+            raise CkptdError(
+                Code.FAILED_PRECONDITION,
+                f"job {spec.name} is still running on {self.node} (pids {job.live_pids()}); "
+                "use --force to kill it first",
+            )
+        job = self._track(spec)
+        restore_job(self.home, job, checkpoint, allow_changed, self.identities)
+        self._on_change(job)
+        return job
+
+    def statuses(self) -> list[pb.JobStatus]:
+        with self.lock:
+            jobs = list(self.jobs.values())
+        return [j.status() for j in jobs]
+
+    def health(self) -> pb.NodeHealth:
+        h = node_health(self.node)
+        h.address = self.address
+        return h
+
+    def manifest_part(self, job: JobRuntime, directory: str) -> dict[str, Any]:
+        return self.checkpointer.finalize(job, directory)
+
+
+def wait_for(predicate: Any, timeout: float, interval: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return False
+
+
+def dump_json(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True)

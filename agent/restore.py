@@ -1,0 +1,210 @@
+"""Restoring a job on this node from a committed checkpoint.
+
+Nothing is touched until the checkpoint is proven whole and the node proven
+able to take it:
+  1. the manifest's digest and every file's size and checksum;
+  2. the files the job maps (libraries, its executable) and reads are the
+     ones it had, by size and content: code must match exactly, other files
+     may differ only with --allow-changed-files;
+then the job's world is rolled back to the checkpoint:
+  3. files the job writes get their saved contents back;
+  4. the job's log is cut back to its size at the checkpoint, so the output
+     the lost run produced after it is not duplicated;
+and finally:
+  5. ckptd-init starts ckptd-restore as pid 2 in a fresh pid namespace; the
+     restored shim reconnects (HELLO restored=1) and is told to RESUME.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from ckptd.errors import CkptdError, Code
+from ckptd.image.checksum import ALGORITHM, IdentityCache, hash_file
+from ckptd.image.manifest import load_manifest, verify_files
+from ckptd.native import restorer_binary
+from ckptd.paths import Home
+
+from .runtime import JobRuntime
+from .shim_link import ShimConnection
+
+log = logging.getLogger(__name__)
+
+RESTORE_BASE_TIMEOUT_S = 60.0
+RESTORE_MIN_BANDWIDTH = 100 << 20  # bytes/s assumed when sizing the timeout
+
+
+def _same_file(entry: dict[str, Any], identities: IdentityCache) -> tuple[bool, str]:
+    path = entry["path"]
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False, "no longer exists"
+    if st.st_size != entry["size"]:
+        return False, f"has {st.st_size} bytes instead of {entry['size']}"
+    if st.st_mtime_ns == entry.get("mtime_ns"):
+        return True, ""
+    want = entry.get(ALGORITHM)
+    if want and identities.content_hash(path) != want:
+        return False, "has different contents"
+    return True, ""
+
+
+def check_identities(manifest: dict[str, Any], allow_changed: bool, identities: IdentityCache) -> None:
+    for entry in manifest.get("mapped_files", []):
+        same, why = _same_file(entry, identities)
+        if same:
+            continue
+        if entry.get("executable") or not allow_changed:
+            raise CkptdError(
+                Code.FAILED_PRECONDITION,
+                f"{entry['path']}, which the job has mapped{' as code' if entry.get('executable') else ''}, {why} "
+                "since the checkpoint; put the original back or restart on a node that has it"
+                + ("" if entry.get("executable") else " (or pass --allow-changed-files)"),
+            )
+    for entry in manifest.get("read_files", []):
+        same, why = _same_file(entry, identities)
+        if not same and not (allow_changed and os.path.exists(entry["path"])):
+            raise CkptdError(
+                Code.FAILED_PRECONDITION,
+                f"{entry['path']}, which the job reads, {why} since the checkpoint; restore it, "
+                "or pass --allow-changed-files to continue with the new contents",
+            )
+
+
+def _copy_into(src: Path, dst: Path, size: int) -> None:
+    """Overwrite dst in place (keeping its inode, owner and links) with src."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    fd_out = os.open(dst, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        with open(src, "rb") as f:
+            left = size
+            while left:
+                n = os.copy_file_range(f.fileno(), fd_out, left)
+                if n <= 0:
+                    raise CkptdError(Code.DATA_LOSS, f"saved copy of {dst} is shorter than recorded")
+                left -= n
+        os.ftruncate(fd_out, size)
+        os.fsync(fd_out)
+    finally:
+        os.close(fd_out)
+
+
+def roll_back_files(checkpoint: Path, manifest: dict[str, Any]) -> int:
+    """Give every file the job writes its contents at checkpoint time."""
+    restored = 0
+    for entry in manifest.get("written_files", []):
+        if not entry.get("saved"):
+            continue
+        dst = Path(entry["path"])
+        src = checkpoint / entry["data"]
+        try:
+            unchanged = dst.stat().st_size == entry["size"] and hash_file(dst) == hash_file(src)
+        except OSError:
+            unchanged = False
+        if not unchanged:
+            try:
+                _copy_into(src, dst, int(entry["size"]))
+            except OSError as e:
+                raise CkptdError(
+                    Code.FAILED_PRECONDITION, f"cannot restore {dst}, which the job writes: {e.strerror}"
+                ) from e
+            restored += 1
+        with contextlib.suppress(OSError):
+            os.chmod(dst, entry["mode"] & 0o7777)
+            os.utime(dst, ns=(entry["mtime_ns"], entry["mtime_ns"]))
+    return restored
+
+
+def cut_log(path: Path, size: int) -> None:
+    try:
+        current = path.stat().st_size
+    except FileNotFoundError:
+        current = 0
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()
+    if current > size:
+        os.truncate(path, size)
+    elif current < size:
+        log.warning("%s has %d bytes, the checkpoint recorded %d: output was lost", path, current, size)
+
+
+def restore_job(
+    home: Home,
+    job: JobRuntime,
+    checkpoint: Path,
+    allow_changed: bool,
+    identities: IdentityCache,
+) -> None:
+    manifest = load_manifest(checkpoint)
+    if manifest.get("job") != job.name:
+        raise CkptdError(Code.INVALID_ARGUMENT, f"{checkpoint} belongs to job {manifest.get('job')}, not {job.name}")
+    procs = manifest.get("processes", [])
+    if len(procs) != 1:
+        raise CkptdError(Code.FAILED_PRECONDITION, f"{checkpoint.name} holds {len(procs)} processes; cannot restore")
+    with job.cond:
+        job.operation = f"restart from {checkpoint.name}: verifying"
+    verify_files(checkpoint, manifest)
+    check_identities(manifest, allow_changed, identities)
+
+    with job.cond:
+        job.operation = f"restart from {checkpoint.name}: rolling back files"
+    roll_back_files(checkpoint, manifest)
+    out = manifest.get("output", {})
+    cut_log(job.job_dir.log, int(out.get("log_bytes", 0)))
+    cut_log(job.job_dir.index, int(out.get("index_bytes", 0)))
+
+    proc = procs[0]
+    inc = job.spawn(
+        [
+            str(restorer_binary()),
+            str(checkpoint / proc["dir"]),
+            "--status-file",
+            "{runtime_dir}/restore.status",
+            "--agent-socket",
+            str(home.shim_socket(job.node)),
+            "--checkpoint",
+            checkpoint.name,
+        ],
+        restore=True,
+        restored_from=checkpoint.name,
+    )
+    status_file = Path(inc.runtime_dir) / "restore.status"
+    with job.cond:
+        job.operation = f"restart from {checkpoint.name}: rebuilding the process"
+    pages = sum(int(p.get("pages_bytes", 0)) for p in procs)
+    deadline = time.monotonic() + RESTORE_BASE_TIMEOUT_S + pages / RESTORE_MIN_BANDWIDTH
+    conn = _wait_restored(job, inc.generation, int(proc["pid"]), deadline)
+    if conn is None:
+        reason = ""
+        with contextlib.suppress(OSError):
+            reason = status_file.read_text().strip()
+        if not reason:
+            reason = job.message or "the restorer did not report back in time"
+        job.kill()
+        raise CkptdError(Code.FAILED_PRECONDITION, f"restart of job {job.name} from {checkpoint.name} failed: {reason}")
+    conn.request("RESUME", timeout=30)
+    with job.cond:
+        job.state = "running"
+        job.message = f"restored from {checkpoint.name}"
+        job.operation = ""
+        job.cond.notify_all()
+
+
+def _wait_restored(job: JobRuntime, generation: int, pid: int, deadline: float) -> ShimConnection | None:
+    with job.cond:
+        while True:
+            for conn in job.shims.values():
+                if conn.restored and conn.pid == pid:
+                    return conn
+            if job.generation != generation or job.state not in ("restoring",):
+                return None
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            job.cond.wait(min(left, 0.5))

@@ -1,0 +1,386 @@
+"""One job on one node: its incarnations (each a ckptd-init process tree),
+the shim connections of its processes, and its state.
+
+    agent ──Popen──▶ ckptd-init (relay, host pid ns)
+                        └─ reaper (pid 1 of the job's pid namespace)
+                              └─ job (pid 2) ─▶ its children...
+
+The relay writes the job's output to <job dir>/output.log and its exit
+status to <runtime dir>/exit.json, so both survive an agent restart; a new
+agent re-adopts live incarnations from runtime.json.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import psutil
+from google.protobuf import json_format
+
+from ckptd.errors import CkptdError, Code
+from ckptd.native import init_binary, shim_library
+from ckptd.paths import Home, JobDir
+from ckptd.v1 import ckptd_pb2 as pb
+
+from .shim_link import ShimConnection
+
+log = logging.getLogger(__name__)
+
+RUNNING_STATES = ("starting", "running", "checkpointing", "restoring")
+
+
+@dataclass
+class Incarnation:
+    """One run of ckptd-init: the original launch or a restore."""
+
+    generation: int
+    init_pid: int
+    control: str  # the relay's control socket
+    exit_file: str
+    runtime_dir: str
+    started: float
+    restored_from: str = ""
+
+    def save(self) -> None:
+        path = Path(self.runtime_dir) / "runtime.json"
+        path.write_text(json.dumps(asdict(self)))
+
+    @classmethod
+    def load(cls, runtime_dir: Path) -> Incarnation:
+        return cls(**json.loads((runtime_dir / "runtime.json").read_text()))
+
+
+@dataclass
+class ExitInfo:
+    code: int | None = None
+    signal: int | None = None
+
+
+def spec_to_json(spec: pb.JobSpec) -> str:
+    return json_format.MessageToJson(spec, preserving_proto_field_name=True, sort_keys=True)
+
+
+def spec_from_json(text: str) -> pb.JobSpec:
+    return json_format.Parse(text, pb.JobSpec())
+
+
+def ns_pid(host_pid: int) -> int:
+    """The pid a process has inside its own (innermost) pid namespace."""
+    try:
+        with open(f"/proc/{host_pid}/status") as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    return int(line.split()[-1])
+    except OSError:
+        pass
+    return 0
+
+
+class JobRuntime:
+    def __init__(self, home: Home, node: str, spec: pb.JobSpec, on_change: Callable[[JobRuntime], None]) -> None:
+        self.home = home
+        self.node = node
+        self.spec = spec
+        self.name = spec.name
+        self.job_dir = JobDir.of(spec.ckpt_dir, spec.name)
+        self.cond = threading.Condition()
+        self.state = "starting"
+        self.message = ""
+        self.operation = ""
+        self.generation = 0
+        self.incarnation: Incarnation | None = None
+        self.popen: subprocess.Popen[bytes] | None = None
+        self.exit: ExitInfo | None = None
+        self.shims: dict[int, ShimConnection] = {}  # by host pid
+        self.kill_requested = False
+        self._on_change = on_change
+
+    # ---- process tree ----
+
+    def _init_process(self) -> psutil.Process | None:
+        inc = self.incarnation
+        if not inc:
+            return None
+        try:
+            p = psutil.Process(inc.init_pid)
+            if p.create_time() > inc.started + 5:  # pid reused
+                return None
+            return p
+        except psutil.Error:
+            return None
+
+    def live_pids(self) -> list[int]:
+        """Host pids of the job's processes (the reaper excluded)."""
+        init = self._init_process()
+        if not init:
+            return []
+        try:
+            children = init.children(recursive=True)
+            reapers = {c.pid for c in init.children()}
+        except psutil.Error:
+            return []
+        pids = []
+        for c in children:
+            if c.pid in reapers:
+                continue
+            with contextlib.suppress(psutil.Error):
+                if c.status() != psutil.STATUS_ZOMBIE:
+                    pids.append(c.pid)
+        return sorted(pids)
+
+    def alive(self) -> bool:
+        return self._init_process() is not None and self.state in RUNNING_STATES
+
+    # ---- starting ----
+
+    def _runtime_dir(self, generation: int) -> Path:
+        d = self.home.agent_dir(self.node) / "jobs" / self.name / f"gen-{generation}"
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
+    def job_env(self) -> dict[str, str]:
+        env = dict(self.spec.env)
+        preload = str(shim_library())
+        old = env.get("LD_PRELOAD", "")
+        env["LD_PRELOAD"] = f"{preload}:{old}" if old else preload
+        env["CKPTD_JOB"] = self.name
+        env["CKPTD_SHIM_SOCKET"] = str(self.home.shim_socket(self.node))
+        return env
+
+    def _next_generation(self) -> int:
+        base = self.home.agent_dir(self.node) / "jobs" / self.name
+        gens = [int(p.name[4:]) for p in base.glob("gen-*") if p.name[4:].isdigit()]
+        return max(gens, default=-1) + 1
+
+    def spawn(self, program: list[str], restore: bool, restored_from: str = "") -> Incarnation:
+        """Start a new incarnation: ckptd-init running `program` as pid 2.
+
+        "{runtime_dir}" in program is replaced by the incarnation's runtime
+        directory (where the restorer writes its status)."""
+        generation = self._next_generation()
+        rt = self._runtime_dir(generation)
+        program = [a.replace("{runtime_dir}", str(rt)) for a in program]
+        control = self.home.init_socket(self.name, generation)
+        exit_file = rt / "exit.json"
+        cmd = [
+            str(init_binary()),
+            "--log", str(self.job_dir.log),
+            "--index", str(self.job_dir.index),
+            "--control", str(control),
+            "--exit-file", str(exit_file),
+        ]  # fmt: skip
+        if os.getuid() != 0:
+            cmd.append("--userns")
+        if restore:
+            cmd.append("--restore")
+        cmd += ["--", *program]
+        cwd = self.spec.cwd or "/"
+        if not os.path.isdir(cwd):
+            raise CkptdError(Code.FAILED_PRECONDITION, f"the job's working directory {cwd} does not exist on this node")
+        with open(rt / "init.log", "ab") as err:
+            try:
+                popen = subprocess.Popen(
+                    cmd,
+                    env=self.job_env(),
+                    cwd=cwd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=err,
+                    start_new_session=True,
+                    close_fds=True,
+                )
+            except OSError as e:
+                raise CkptdError(Code.INTERNAL, f"cannot start ckptd-init: {e}") from e
+        inc = Incarnation(
+            generation=generation,
+            init_pid=popen.pid,
+            control=str(control),
+            exit_file=str(exit_file),
+            runtime_dir=str(rt),
+            started=time.time(),
+            restored_from=restored_from,
+        )
+        inc.save()
+        with self.cond:
+            self.generation = generation
+            self.incarnation = inc
+            self.popen = popen
+            self.exit = None
+            self.kill_requested = False
+            self.shims = {}
+            self.state = "restoring" if restore else "running"
+            self.message = f"restoring from {restored_from}" if restore else ""
+            self.cond.notify_all()
+        threading.Thread(target=self._monitor, args=(inc,), name=f"monitor-{self.name}", daemon=True).start()
+        self._on_change(self)
+        return inc
+
+    def adopt(self, inc: Incarnation) -> bool:
+        """Take over an incarnation started by an earlier agent."""
+        self.incarnation = inc
+        self.generation = inc.generation
+        if self._init_process() is None:
+            self.incarnation = None
+            return False
+        self.state = "running"
+        self.message = "re-adopted after an agent restart"
+        threading.Thread(target=self._monitor, args=(inc,), name=f"monitor-{self.name}", daemon=True).start()
+        return True
+
+    # ---- ending ----
+
+    def _monitor(self, inc: Incarnation) -> None:
+        popen = self.popen if self.incarnation is inc else None
+        if popen is not None:
+            rc = popen.wait()
+        else:
+            rc = None
+            while self._init_process() is not None and self.incarnation is inc:
+                time.sleep(0.5)
+        exit_info = self._read_exit(inc, rc)
+        with self.cond:
+            if self.incarnation is not inc:
+                return
+            self.exit = exit_info
+            for conn in self.shims.values():
+                conn.close()
+            if self.kill_requested:
+                self.state, self.message = "killed", "killed by `ckptctl kill`"
+            elif exit_info.signal == signal.SIGKILL:
+                self.state = "failed"
+                self.message = (
+                    "killed by SIGKILL (node failure, OOM killer or kill -9); "
+                    f"`ckptctl restart {self.name}` resumes it from its last checkpoint"
+                )
+            elif exit_info.signal:
+                self.state, self.message = "exited", f"terminated by signal {exit_info.signal}"
+            elif exit_info.code is None:
+                self.state, self.message = "failed", self._init_error(inc) or "ckptd-init failed"
+            else:
+                self.state, self.message = "exited", f"exit status {exit_info.code}"
+            self.operation = ""
+            self.cond.notify_all()
+        log.info("job %s generation %d ended: %s (%s)", self.name, inc.generation, self.state, self.message)
+        self._on_change(self)
+
+    @staticmethod
+    def _init_error(inc: Incarnation) -> str:
+        with contextlib.suppress(OSError):
+            lines = (Path(inc.runtime_dir) / "init.log").read_text(errors="replace").strip().splitlines()
+            if lines:
+                return lines[-1]
+        return ""
+
+    @staticmethod
+    def _read_exit(inc: Incarnation, rc: int | None) -> ExitInfo:
+        with contextlib.suppress(OSError, ValueError):
+            data = json.loads(Path(inc.exit_file).read_text())
+            return ExitInfo(code=data.get("exit_code"), signal=data.get("signal"))
+        # the relay itself was killed: no exit file
+        if rc is not None and rc < 0:
+            return ExitInfo(signal=-rc)
+        return ExitInfo(code=None)
+
+    def signal(self, sig: int) -> None:
+        pids = self.live_pids()
+        if not pids:
+            raise CkptdError(Code.FAILED_PRECONDITION, f"job {self.name} has no live process to signal")
+        main = pids[0]
+        for pid in pids:
+            if ns_pid(pid) == 2:
+                main = pid
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(main, sig)
+
+    def kill(self) -> None:
+        """Kill the whole incarnation: SIGKILL to the reaper ends the namespace."""
+        with self.cond:
+            self.kill_requested = True
+        init = self._init_process()
+        if init is None:
+            return
+        with contextlib.suppress(psutil.Error):
+            for child in init.children():
+                child.kill()
+            init.kill()
+
+    def wait_ended(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while self.state in RUNNING_STATES and self._init_process() is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.cond.wait(min(left, 0.2))
+        return True
+
+    # ---- the relay ----
+
+    def drain_output(self) -> tuple[int, int]:
+        """Ask the relay to flush the job's pipes into the log; returns (log, index) sizes."""
+        inc = self.incarnation
+        if not inc:
+            raise CkptdError(Code.FAILED_PRECONDITION, f"job {self.name} is not running")
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(30)
+            try:
+                s.connect(inc.control)
+                s.sendall(b"DRAIN\n")
+                reply = s.makefile("rb").readline().decode()
+            except OSError as e:
+                raise CkptdError(Code.INTERNAL, f"cannot reach the output relay of job {self.name}: {e}") from e
+        fields = dict(part.split("=", 1) for part in reply.split()[1:] if "=" in part)
+        if not reply.startswith("OK"):
+            raise CkptdError(Code.INTERNAL, f"output relay of job {self.name}: {reply.strip()}")
+        return int(fields["log"]), int(fields["index"])
+
+    # ---- reporting ----
+
+    def status(self) -> pb.JobStatus:
+        with self.cond:
+            st = pb.JobStatus(
+                name=self.name,
+                state=self.state,
+                node=self.node,
+                generation=self.generation,
+                log_path=str(self.job_dir.log),
+                message=self.message,
+                spec=self.spec,
+                operation=self.operation,
+            )
+            if self.exit:
+                st.has_exit = True
+                st.exit_code = self.exit.code or 0
+                st.exit_signal = self.exit.signal or 0
+            shims = dict(self.shims)
+        if self.state in RUNNING_STATES:
+            for pid in self.live_pids():
+                conn = shims.get(pid)
+                st.pids.append(pid)
+                st.processes.append(
+                    pb.ProcessInfo(
+                        pid=conn.pid if conn else ns_pid(pid),
+                        host_pid=pid,
+                        exe=conn.exe if conn else _exe(pid),
+                        under_shim=conn is not None,
+                    )
+                )
+        return st
+
+
+def _exe(pid: int) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return ""

@@ -1,0 +1,110 @@
+"""The Agent gRPC service: what the coordinator and `ckptd launch` call on a node."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+
+from ckptd.errors import CkptdError, Code
+from ckptd.rpc import rpc_method
+from ckptd.v1 import ckptd_pb2 as pb
+from ckptd.v1 import ckptd_pb2_grpc as pb_grpc
+
+from .node import AgentNode
+from .output import LogFollower
+from .runtime import RUNNING_STATES
+
+log = logging.getLogger(__name__)
+
+
+class AgentService(pb_grpc.AgentServicer):
+    def __init__(self, node: AgentNode) -> None:
+        self.node = node
+
+    @rpc_method
+    def StartJob(self, request: pb.StartJobRequest, context: grpc.ServicerContext) -> pb.JobStatus:
+        return self.node.start_job(request.spec).status()
+
+    @rpc_method
+    def GetJob(self, request: pb.AgentJobRequest, context: grpc.ServicerContext) -> pb.JobStatus:
+        return self.node.get(request.job).status()
+
+    @rpc_method
+    def ListJobs(self, request: pb.Empty, context: grpc.ServicerContext) -> pb.AgentJobList:
+        return pb.AgentJobList(jobs=self.node.statuses())
+
+    @rpc_method
+    def FollowOutput(self, request: pb.FollowOutputRequest, context: grpc.ServicerContext) -> Iterator[pb.OutputChunk]:
+        job = self.node.get(request.job)
+        follower = LogFollower(job.job_dir.log, job.job_dir.index, request.offset)
+        generation = job.generation
+
+        def running() -> bool:
+            # a launch follows one incarnation; `logs -f` follows restarts too
+            if not context.is_active():
+                return False
+            if not request.follow:
+                return False
+            return job.state in RUNNING_STATES and (request.across_restarts or job.generation == generation)
+
+        for chunk in follower.follow(running):
+            yield pb.OutputChunk(stream=chunk.stream, data=chunk.data, offset=chunk.offset)
+        yield pb.OutputChunk(end=True, status=job.status(), offset=follower.offset)
+
+    @rpc_method
+    def SignalJob(self, request: pb.SignalRequest, context: grpc.ServicerContext) -> pb.JobStatus:
+        job = self.node.get(request.job)
+        if request.signal == 9:
+            job.kill()
+            job.wait_ended(10)
+        else:
+            job.signal(request.signal)
+        return job.status()
+
+    # ---- the barrier protocol ----
+
+    @rpc_method
+    def Prepare(self, request: pb.PrepareRequest, context: grpc.ServicerContext) -> pb.PrepareResponse:
+        job = self.node.get(request.job)
+        return self.node.checkpointer.prepare(job, request.checkpoint_id, request.timeout_s or 10.0, request.dir)
+
+    @rpc_method
+    def Dump(self, request: pb.DumpRequest, context: grpc.ServicerContext) -> pb.DumpResponse:
+        return self.node.checkpointer.dump(self.node.get(request.job), request.checkpoint_id, request.dir)
+
+    @rpc_method
+    def Resume(self, request: pb.ResumeRequest, context: grpc.ServicerContext) -> pb.Empty:
+        self.node.checkpointer.resume(self.node.get(request.job))
+        return pb.Empty()
+
+    @rpc_method
+    def Abort(self, request: pb.ResumeRequest, context: grpc.ServicerContext) -> pb.Empty:
+        try:
+            job = self.node.get(request.job)
+        except CkptdError:
+            return pb.Empty()
+        self.node.checkpointer.abort(job)
+        return pb.Empty()
+
+    @rpc_method
+    def Finalize(self, request: pb.FinalizeRequest, context: grpc.ServicerContext) -> pb.FinalizeResponse:
+        part = self.node.manifest_part(self.node.get(request.job), request.dir)
+        return pb.FinalizeResponse(manifest_part_json=json.dumps(part))
+
+    @rpc_method
+    def Restore(self, request: pb.RestoreRequest, context: grpc.ServicerContext) -> pb.JobStatus:
+        checkpoint = Path(request.checkpoint_dir)
+        if not checkpoint.is_dir():
+            raise CkptdError(
+                Code.FAILED_PRECONDITION,
+                f"node {self.node.node} cannot see {checkpoint}: checkpoint storage must be shared by every node",
+            )
+        return self.node.restore(request.spec, checkpoint, request.allow_changed_files).status()
+
+    @rpc_method
+    def Health(self, request: pb.Empty, context: grpc.ServicerContext) -> pb.NodeHealth:
+        return self.node.health()

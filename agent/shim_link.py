@@ -1,0 +1,227 @@
+"""The agent's side of the shim protocol (native/shim/shim.c has the other side).
+
+Every process started under ckptd connects to the agent's shim socket and
+says HELLO; the connection then carries request/reply lines:
+
+    QUIESCE timeout_ms=N  ->  QUIESCED threads=N     park every thread
+    DUMP dir=PATH         ->  DUMPED <stats>         write core.img, pages.img, files/
+    RESUME | ABORT        ->  RESUMED                let the threads run again
+    PING                  ->  PONG
+    any of them           ->  ERROR msg=TEXT
+
+Fields are tab-separated key=value pairs; values are percent-encoded.  The
+peer's host pid comes from SO_PEERCRED, so it is right across pid namespaces.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import queue
+import socket
+import struct
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ckptd.errors import CkptdError, Code
+
+log = logging.getLogger(__name__)
+
+
+def encode_value(value: str) -> bytes:
+    out = bytearray()
+    for b in value.encode(errors="surrogateescape"):
+        if b < 0x20 or b in (0x25, 0x7F):
+            out += b"%%%02X" % b
+        else:
+            out.append(b)
+    return bytes(out)
+
+
+def decode_value(raw: bytes) -> str:
+    out = bytearray()
+    i = 0
+    while i < len(raw):
+        if raw[i] == 0x25 and i + 3 <= len(raw):
+            try:
+                out.append(int(raw[i + 1 : i + 3], 16))
+                i += 3
+                continue
+            except ValueError:
+                pass
+        out.append(raw[i])
+        i += 1
+    return out.decode(errors="surrogateescape")
+
+
+def format_message(command: str, **fields: object) -> bytes:
+    parts = [command.encode()] + [k.encode() + b"=" + encode_value(str(v)) for k, v in fields.items()]
+    return b"\t".join(parts) + b"\n"
+
+
+@dataclass
+class Message:
+    command: str
+    fields: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, line: bytes) -> Message:
+        command, *rest = line.rstrip(b"\n").split(b"\t")
+        fields = {}
+        for part in rest:
+            key, _, value = part.partition(b"=")
+            fields[key.decode(errors="replace")] = decode_value(value)
+        return cls(command.decode(errors="replace"), fields)
+
+    def int(self, key: str, default: int = 0) -> int:
+        try:
+            return int(self.fields.get(key, default))
+        except ValueError:
+            return default
+
+
+class ShimError(CkptdError):
+    pass
+
+
+class ShimConnection:
+    """One process's connection; requests are serialised, replies come in order."""
+
+    def __init__(self, sock: socket.socket, on_close: Callable[[ShimConnection], None]) -> None:
+        self.sock = sock
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        self.host_pid, self.uid, self.gid = struct.unpack("3i", creds)
+        self.hello: Message | None = None
+        self._replies: queue.Queue[Message | None] = queue.Queue()
+        self._request_lock = threading.Lock()
+        self._on_close = on_close
+        self.closed = threading.Event()
+        self._file = sock.makefile("rb")
+
+    @property
+    def job(self) -> str:
+        return self.hello.fields.get("job", "") if self.hello else ""
+
+    @property
+    def pid(self) -> int:
+        """pid inside the job's namespace"""
+        return self.hello.int("pid") if self.hello else 0
+
+    @property
+    def exe(self) -> str:
+        return self.hello.fields.get("exe", "") if self.hello else ""
+
+    @property
+    def restored(self) -> bool:
+        return bool(self.hello and self.hello.fields.get("restored") == "1")
+
+    def read_hello(self, timeout: float) -> Message:
+        self.sock.settimeout(timeout)
+        line = self._file.readline()
+        self.sock.settimeout(None)
+        if not line:
+            raise ConnectionError("closed before HELLO")
+        msg = Message.parse(line)
+        if msg.command != "HELLO":
+            raise ConnectionError(f"expected HELLO, got {msg.command}")
+        self.hello = msg
+        return msg
+
+    def start_reader(self) -> None:
+        threading.Thread(target=self._read_loop, name=f"shim-{self.host_pid}", daemon=True).start()
+
+    def _read_loop(self) -> None:
+        try:
+            while True:
+                line = self._file.readline()
+                if not line:
+                    break
+                self._replies.put(Message.parse(line))
+        except OSError:
+            pass
+        finally:
+            self.closed.set()
+            self._replies.put(None)
+            with contextlib.suppress(OSError):
+                self.sock.close()
+            self._on_close(self)
+
+    def request(self, command: str, timeout: float, **fields: object) -> Message:
+        with self._request_lock:
+            if self.closed.is_set():
+                raise ShimError(Code.FAILED_PRECONDITION, f"process {self.host_pid} has exited")
+            try:
+                self.sock.sendall(format_message(command, **fields))
+            except OSError as e:
+                raise ShimError(Code.FAILED_PRECONDITION, f"process {self.host_pid} is gone ({e})") from e
+            try:
+                reply = self._replies.get(timeout=timeout)
+            except queue.Empty:
+                raise ShimError(
+                    Code.DEADLINE_EXCEEDED,
+                    f"process {self.host_pid} did not answer {command} within {timeout:.0f} s",
+                ) from None
+            if reply is None:
+                raise ShimError(Code.FAILED_PRECONDITION, f"process {self.host_pid} exited during {command}")
+            if reply.command == "ERROR":
+                raise ShimError(Code.FAILED_PRECONDITION, reply.fields.get("msg", "unknown error"))
+            return reply
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+
+
+class ShimServer:
+    """Accepts shim connections on the node's shim socket."""
+
+    def __init__(
+        self,
+        path: Path,
+        on_hello: Callable[[ShimConnection], None],
+        on_close: Callable[[ShimConnection], None],
+    ) -> None:
+        self.path = path
+        self._on_hello = on_hello
+        self._on_close = on_close
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.bind(str(path))
+        os.chmod(path, 0o700)
+        self._sock.listen(128)
+        self._stopped = False
+
+    def start(self) -> None:
+        threading.Thread(target=self._accept_loop, name="shim-accept", daemon=True).start()
+
+    def _accept_loop(self) -> None:
+        while not self._stopped:
+            try:
+                sock, _ = self._sock.accept()
+            except OSError:
+                if self._stopped:
+                    return
+                continue
+            threading.Thread(target=self._greet, args=(sock,), daemon=True).start()
+
+    def _greet(self, sock: socket.socket) -> None:
+        conn = ShimConnection(sock, self._on_close)
+        try:
+            conn.read_hello(timeout=10)
+        except (OSError, ConnectionError) as e:
+            log.warning("shim connection from pid %d dropped: %s", conn.host_pid, e)
+            sock.close()
+            return
+        conn.start_reader()
+        self._on_hello(conn)
+
+    def stop(self) -> None:
+        self._stopped = True
+        with contextlib.suppress(OSError):
+            self._sock.close()
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()

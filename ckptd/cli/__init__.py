@@ -1,0 +1,1 @@
+"""Command-line interfaces: ckptd (launch, daemons) and ckptctl (control)."""

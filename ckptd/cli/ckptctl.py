@@ -1,0 +1,402 @@
+"""`ckptctl`: control jobs launched with `ckptd launch`.
+
+Exit status: 0 success; 1 the operation failed; 2 usage; 3 unknown job,
+checkpoint or node; 4 not possible in the job's state (running, no
+checkpoint, checkpoint in progress); 5 corrupt image; 6 storage not writable
+or full; 7 coordinator or node unreachable; 124 timed out.  `ckptctl wait`
+exits with the job's own status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from ckptd import __version__
+from ckptd.daemon import coordinator_address
+from ckptd.errors import EXIT_FAILED, CkptdError, Code
+from ckptd.paths import Home
+from ckptd.rpc import agent_stub, call, coordinator_stub
+from ckptd.v1 import ckptd_pb2 as pb
+from ckptd.v1 import ckptd_pb2_grpc as pb_grpc
+
+from .common import (
+    human_bytes,
+    note,
+    print_json,
+    run_main,
+    say,
+    setup_cli_logging,
+    table,
+    to_dict,
+    with_progress,
+)
+
+LONG_RPC_S = 6 * 3600.0
+
+
+def _coordinator(start: bool = True) -> pb_grpc.CoordinatorStub:
+    return coordinator_stub(coordinator_address(Home.from_env(), start=start))
+
+
+def _status_line(st: pb.JobStatus) -> str:
+    state = st.state
+    if st.has_exit and state in ("exited", "failed", "killed"):
+        state += f" ({'signal ' + str(st.exit_signal) if st.exit_signal else 'status ' + str(st.exit_code)})"
+    return state
+
+
+def _job_exit(st: pb.JobStatus) -> int:
+    if st.exit_signal:
+        return 128 + st.exit_signal
+    return st.exit_code
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    resp = call(_coordinator().ListJobs, pb.ListJobsRequest(), 30, "coordinator")
+    if args.json:
+        print_json(list(resp.jobs))
+        return 0
+    if not resp.jobs:
+        say("no jobs")
+        return 0
+    rows = [
+        [
+            j.name,
+            _status_line(j),
+            j.node,
+            str(len(j.pids)),
+            j.last_checkpoint.name or "-",
+            " ".join(j.spec.argv)[:50],
+        ]
+        for j in resp.jobs
+    ]
+    say(table(rows, ["JOB", "STATE", "NODE", "PROCS", "LAST CHECKPOINT", "COMMAND"]))
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    st = call(_coordinator().GetJob, pb.GetJobRequest(job=args.job), 30, "coordinator")
+    if args.json:
+        d = to_dict(st)
+        d["pids"] = list(st.pids)
+        print_json(d)
+        return 0
+    lines = [
+        f"job:        {st.name}",
+        f"state:      {_status_line(st)}" + (f"  - {st.message}" if st.message else ""),
+        f"node:       {st.node}",
+        f"command:    {' '.join(st.spec.argv)}",
+        f"log:        {st.log_path}",
+        f"restarts:   {st.generation}",
+    ]
+    if st.operation:
+        lines.append(f"in flight:  {st.operation}")
+    if st.last_checkpoint.name:
+        c = st.last_checkpoint
+        lines.append(f"checkpoint: {c.name} ({human_bytes(c.size_bytes)}, {c.created}); {st.checkpoints} in all")
+    else:
+        lines.append("checkpoint: none")
+    if st.processes:
+        lines.append("processes:")
+        for p in st.processes:
+            shim = "" if p.under_shim else "  (not under the shim)"
+            lines.append(f"  host pid {p.host_pid:<8} pid {p.pid:<6} {p.exe}{shim}")
+    say("\n".join(lines))
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    resp = call(_coordinator().ListCheckpoints, pb.ListCheckpointsRequest(job=args.job), 60, "coordinator")
+    if args.json:
+        print_json(list(resp.checkpoints))
+        return 0
+    if not resp.checkpoints:
+        say(f"job {args.job} has no checkpoints")
+        return 0
+    rows = [
+        [
+            str(c.id),
+            c.name,
+            c.created,
+            human_bytes(c.size_bytes),
+            f"{c.duration_s:.2f} s",
+            f"{c.stall_s:.2f} s",
+            c.node,
+        ]
+        for c in resp.checkpoints
+    ]
+    say(table(rows, ["ID", "NAME", "CREATED", "SIZE", "DURATION", "PAUSED", "NODE"]))
+    return 0
+
+
+def _phase(coord: pb_grpc.CoordinatorStub, job: str) -> str:
+    st = call(coord.GetJob, pb.GetJobRequest(job=job), 5, "coordinator")
+    return st.operation
+
+
+def cmd_checkpoint(args: argparse.Namespace) -> int:
+    coord = _coordinator()
+    info = with_progress(
+        lambda: call(
+            coord.Checkpoint,
+            pb.CheckpointRequest(job=args.job, timeout_s=args.timeout or 0.0),
+            LONG_RPC_S,
+            "coordinator",
+        ),
+        lambda: _phase(coord, args.job),
+        sys.stderr.isatty() and not args.json,
+    )
+    if args.json:
+        print_json(info)
+    else:
+        say(
+            f"{info.name} (id {info.id}) of job {info.job}: {human_bytes(info.size_bytes)} in {info.duration_s:.2f} s, "
+            f"job paused {info.stall_s:.2f} s"
+        )
+    return 0
+
+
+def cmd_restart(args: argparse.Namespace) -> int:
+    coord = _coordinator()
+    req = pb.RestartRequest(
+        job=args.job, from_id=args.from_id or 0, node=args.on or "", force=args.force,
+        allow_changed_files=args.allow_changed_files,
+    )  # fmt: skip
+    resp = with_progress(
+        lambda: call(coord.Restart, req, LONG_RPC_S, "coordinator"),
+        lambda: _phase(coord, args.job),
+        sys.stderr.isatty() and not args.json,
+    )
+    if args.json:
+        d = to_dict(resp)
+        d["status"]["pids"] = list(resp.status.pids)
+        print_json(d)
+    else:
+        pids = " ".join(str(p) for p in resp.status.pids)
+        say(
+            f"job {resp.status.name} restarted from {resp.checkpoint.name} on {resp.status.node} "
+            f"in {resp.duration_s:.2f} s (pids {pids}); output goes to {resp.status.log_path}"
+        )
+    return 0
+
+
+def cmd_kill(args: argparse.Namespace) -> int:
+    st = call(_coordinator().KillJob, pb.KillJobRequest(job=args.job), 60, "coordinator")
+    if args.json:
+        print_json(st)
+    else:
+        say(f"job {st.name}: {_status_line(st)}")
+    return 0
+
+
+def cmd_wait(args: argparse.Namespace) -> int:
+    coord = _coordinator()
+    deadline = time.monotonic() + args.timeout if args.timeout else None
+    told_failed = -1
+    while True:
+        left = 60.0 if deadline is None else max(0.0, deadline - time.monotonic())
+        st = call(
+            coord.WaitJob,
+            pb.WaitJobRequest(job=args.job, timeout_s=min(left, 60.0)),
+            min(left, 60.0) + 30,
+            "coordinator",
+        )
+        if st.state in ("exited", "killed"):
+            if args.json:
+                print_json(st)
+            return _job_exit(st)
+        if st.state in ("failed", "lost") and told_failed != st.generation:
+            told_failed = st.generation
+            note(f"ckptctl: job {st.name} is {st.state} ({st.message}); waiting for a restart")
+        if deadline is not None and time.monotonic() >= deadline:
+            note(f"ckptctl: job {args.job} still {st.state} after {args.timeout:.0f} s")
+            return 124
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    coord = _coordinator()
+    st = call(coord.GetJob, pb.GetJobRequest(job=args.job), 30, "coordinator")
+    if not args.follow or st.state not in ("starting", "running", "checkpointing", "restoring"):
+        return _print_log_file(Path(st.log_path), args.stream)
+    nodes = call(coord.ListNodes, pb.Empty(), 10, "coordinator")
+    address = next((n.address for n in nodes.nodes if n.node == st.node), "")
+    if not address:
+        raise CkptdError(Code.UNAVAILABLE, f"node {st.node} is not reachable to follow the log")
+    agent = agent_stub(address)
+    try:
+        for chunk in agent.FollowOutput(pb.FollowOutputRequest(job=st.name, follow=True, across_restarts=True)):
+            if chunk.end:
+                break
+            _emit(chunk.stream, chunk.data, args.stream)
+    except grpc.RpcError as e:
+        raise CkptdError.from_rpc(e, "the agent") from None
+    return 0
+
+
+def _emit(stream: int, data: bytes, which: str) -> None:
+    if which == "stdout" and stream != 1:
+        return
+    if which == "stderr" and stream != 2:
+        return
+    sys.stdout.buffer.write(data)
+    sys.stdout.buffer.flush()
+
+
+def _print_log_file(log: Path, which: str) -> int:
+    from ckptd.agent.output import LogFollower
+
+    if not log.exists():
+        raise CkptdError(Code.NOT_FOUND, f"no log at {log}")
+    follower = LogFollower(log, log.with_suffix(".idx"))
+    for chunk in follower.poll():
+        _emit(chunk.stream, chunk.data, which)
+    return 0
+
+
+def cmd_nodes(args: argparse.Namespace) -> int:
+    resp = call(_coordinator().ListNodes, pb.Empty(), 30, "coordinator")
+    if args.json:
+        print_json(list(resp.nodes))
+        return 0
+    rows = [
+        [
+            n.node,
+            "alive" if n.alive else f"dead ({n.last_seen_s:.0f} s)",
+            f"{n.load1:.2f}",
+            f"{human_bytes(n.mem_available)} / {human_bytes(n.mem_total)}",
+            n.gpu or "?",
+            n.address,
+        ]
+        for n in resp.nodes
+    ]
+    say(table(rows, ["NODE", "HEALTH", "LOAD", "MEM FREE", "GPU", "ADDRESS"]))
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from ckptd.image.core import CoreImage
+    from ckptd.image.manifest import load_manifest, verify_files
+
+    path = Path(args.checkpoint)
+    manifest = load_manifest(path)
+    if args.verify:
+        verify_files(path, manifest)
+    procs: list[dict[str, Any]] = []
+    for p in manifest.get("processes", []):
+        procs.append(CoreImage.load(path / p["dir"] / "core.img").summary())
+    out = {
+        "job": manifest["job"],
+        "id": manifest["id"],
+        "created": manifest["created"],
+        "node": manifest.get("node"),
+        "timings": manifest.get("timings"),
+        "sizes": manifest.get("sizes"),
+        "verified": bool(args.verify),
+        "processes": procs,
+        "written_files": [w["path"] for w in manifest.get("written_files", [])],
+    }
+    if args.json:
+        print_json(out)
+        return 0
+    say(
+        f"{path.name}: job {out['job']}, created {out['created']} on {out['node']}"
+        + (", checksums OK" if args.verify else "")
+    )
+    for p in procs:
+        say(
+            f"  pid {p['pid']} {p['exe']}: {p['threads']} threads, {p['vmas']} mappings, "
+            f"{human_bytes(p['pages_bytes'])} of pages"
+        )
+        for fd in p["fds"]:
+            say(f"    fd {fd['fd']:<4} {fd['type']:<12} {fd['target']}")
+    for w in out["written_files"]:
+        say(f"  rolls back: {w}")
+    return 0
+
+
+def cmd_shutdown(args: argparse.Namespace) -> int:
+    try:
+        coord = _coordinator(start=False)
+        call(coord.Shutdown, pb.Empty(), 10, "coordinator")
+    except CkptdError as e:
+        if e.code is Code.UNAVAILABLE:
+            say("no local ckptd daemon is running")
+            return 0
+        raise
+    say("ckptd daemon stopping (running jobs keep running)")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ckptctl",
+        description="Checkpoint, restart and inspect jobs started with `ckptd launch`.",
+        epilog=__doc__.split("\n\n", 1)[1] if __doc__ else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--version", action="version", version=f"ckptctl {__version__}")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, fn: Any, help_text: str, job: bool = True, json_flag: bool = True) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=help_text, description=help_text)
+        if job:
+            sp.add_argument("job", metavar="JOB", help="job name (or a host pid of one of its processes)")
+        if json_flag:
+            sp.add_argument("--json", action="store_true", help="machine-readable output")
+        sp.set_defaults(func=fn)
+        return sp
+
+    add("jobs", cmd_jobs, "list jobs", job=False)
+    add("status", cmd_status, "show a job's state, node, last checkpoint and live processes")
+    add("list", cmd_list, "list a job's committed checkpoints")
+    c = add("checkpoint", cmd_checkpoint, "take a checkpoint now; the job keeps running")
+    c.add_argument(
+        "--timeout",
+        type=float,
+        metavar="SECONDS",
+        help="how long to wait for the job's threads to park (default 10)",
+    )
+    r = add("restart", cmd_restart, "restart a job from its latest (or a chosen) checkpoint")
+    r.add_argument("--from", dest="from_id", type=int, metavar="ID", help="checkpoint id (see `ckptctl list`)")
+    r.add_argument("--on", metavar="NODE", help="node to restart on (default: the job's node)")
+    r.add_argument("--force", action="store_true", help="kill the job first if it is still running")
+    r.add_argument(
+        "--allow-changed-files", action="store_true",
+        help="continue even if files the job reads changed since the checkpoint",
+    )  # fmt: skip
+    add("kill", cmd_kill, "kill a job (all its processes)")
+    w = add("wait", cmd_wait, "wait until the job finishes, across restarts; exits with its status")
+    w.add_argument("--timeout", type=float, metavar="SECONDS", help="give up after this long (exit 124)")
+    lg = add("logs", cmd_logs, "print the job's output", json_flag=False)
+    lg.add_argument("-f", "--follow", action="store_true", help="keep printing new output")
+    lg.add_argument("--stream", choices=("both", "stdout", "stderr"), default="both", help="which output to print")
+    add("nodes", cmd_nodes, "list nodes and their health", job=False)
+    i = add("inspect", cmd_inspect, "describe a checkpoint directory", job=False)
+    i.add_argument("checkpoint", metavar="DIR", help="a checkpoint directory (see `ckptctl list JOB`)")
+    i.add_argument("--verify", action="store_true", help="also verify every checksum")
+    add(
+        "shutdown",
+        cmd_shutdown,
+        "stop the local ckptd daemon (jobs keep running)",
+        job=False,
+        json_flag=False,
+    )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    setup_cli_logging(args.verbose)
+    code = run_main(lambda: args.func(args))
+    return code if isinstance(code, int) else EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

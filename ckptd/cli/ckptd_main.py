@@ -1,0 +1,178 @@
+"""`ckptd`: launch jobs under checkpoint control, and run the daemons.
+
+ckptd launch [--job NAME] [--ckpt-dir DIR] [--interval SECONDS] -- CMD [ARGS...]
+ckptd coordinator [--listen ADDR]
+ckptd agent --coordinator ADDR --node NAME [--listen ADDR]
+ckptd daemon                     (the embedded coordinator + agent; started on demand)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+
+import grpc
+
+from ckptd import __version__
+from ckptd.daemon import (
+    DEFAULT_IDLE_EXIT_S,
+    coordinator_address,
+    run_agent,
+    run_coordinator,
+    run_local,
+    setup_logging,
+)
+from ckptd.errors import EXIT_USAGE, CkptdError
+from ckptd.paths import Home, default_node
+from ckptd.rpc import agent_stub, call, coordinator_stub
+from ckptd.v1 import ckptd_pb2 as pb
+
+from .common import note, run_main, setup_cli_logging
+
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def exit_status(status: pb.JobStatus) -> int:
+    if not status.has_exit:
+        return 1
+    if status.exit_signal:
+        return 128 + status.exit_signal
+    return status.exit_code
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    argv = list(args.command)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    if not argv:
+        note("error: no command given; usage: ckptd launch [--job NAME] -- CMD [ARGS...]")
+        return EXIT_USAGE
+    if args.interval is not None and args.interval <= 0:
+        note("error: --interval must be a positive number of seconds")
+        return EXIT_USAGE
+    home = Home.from_env()
+    address = coordinator_address(home)
+    spec = pb.JobSpec(
+        name=args.job or "",
+        argv=argv,
+        env=dict(os.environ),
+        cwd=os.getcwd(),
+        ckpt_dir=os.path.abspath(args.ckpt_dir) if args.ckpt_dir else "",
+        interval_s=args.interval or 0.0,
+        uid=os.getuid(),
+    )
+    node = args.node or (default_node() if os.environ.get("CKPTD_COORDINATOR") else "")
+    coord = coordinator_stub(address)
+    resp = call(coord.LaunchJob, pb.LaunchJobRequest(spec=spec, node=node), 90, "coordinator")
+    job = resp.status.name
+    note(f"ckptd: job {job}")
+    if args.detach:
+        sys.stdout.write(job + "\n")
+        return 0
+
+    def forward(signum: int, _frame: object) -> None:
+        def send() -> None:
+            try:
+                call(coord.SignalJob, pb.SignalRequest(job=job, signal=signum), 10, "coordinator")
+            except CkptdError as e:
+                note(f"ckptd: could not forward signal {signum}: {e.message}")
+
+        threading.Thread(target=send, daemon=True).start()
+
+    for sig in FORWARDED:
+        signal.signal(sig, forward)
+
+    agent = agent_stub(resp.agent_address)
+    out, err = sys.stdout.buffer, sys.stderr.buffer
+    try:
+        for chunk in agent.FollowOutput(pb.FollowOutputRequest(job=job, offset=0, follow=True)):
+            if chunk.end:
+                return exit_status(chunk.status)
+            stream = err if chunk.stream == 2 else out
+            stream.write(chunk.data)
+            stream.flush()
+    except grpc.RpcError as e:
+        raise CkptdError.from_rpc(e, "the agent") from None
+    return 1
+
+
+def cmd_coordinator(args: argparse.Namespace) -> int:
+    home = Home.from_env()
+    setup_logging(home, "coordinator", args.verbose)
+    run_coordinator(home, args.listen or f"unix:{home.coordinator_socket}")
+    return 0
+
+
+def cmd_agent(args: argparse.Namespace) -> int:
+    home = Home.from_env()
+    node = args.node or default_node()
+    setup_logging(home, f"agent-{node}", args.verbose)
+    run_agent(home, node, args.coordinator, args.listen or f"unix:{home.agent_socket(node)}")
+    return 0
+
+
+def cmd_daemon(args: argparse.Namespace) -> int:
+    home = Home.from_env()
+    setup_logging(home, "daemon", args.verbose)
+    run_local(home, args.idle_exit)
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ckptd",
+        description="Transparent checkpoint/restart for long-running jobs.",
+        epilog="Control running jobs with ckptctl.  State lives under $CKPTD_HOME "
+        "(default ~/.local/state/ckptd); CKPTD_COORDINATOR=HOST:PORT uses a remote coordinator.",
+    )
+    p.add_argument("--version", action="version", version=f"ckptd {__version__}")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = p.add_subparsers(dest="command_name", required=True, metavar="COMMAND")
+
+    launch = sub.add_parser(
+        "launch",
+        help="run a command under checkpoint control",
+        description="Run CMD in the foreground with the ckptd shim injected.  Its output passes through and is "
+        "kept in the job's log; the exit status is CMD's (128+N if killed by signal N).",
+    )
+    launch.add_argument("--job", help="job name (default: generated, printed on stderr)")
+    launch.add_argument("--ckpt-dir", help="where checkpoints go (default $CKPTD_HOME/checkpoints)")
+    launch.add_argument("--interval", type=float, metavar="SECONDS", help="take a checkpoint this often")
+    launch.add_argument("--node", help="run on this node (default: this machine's agent)")
+    launch.add_argument("--detach", action="store_true", help="print the job name and return at once")
+    launch.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]")
+    launch.set_defaults(func=cmd_launch)
+
+    coord = sub.add_parser("coordinator", help="run the central coordinator")
+    coord.add_argument(
+        "--listen",
+        help="address to serve on: HOST:PORT or unix:PATH (default: unix socket in CKPTD_HOME's run dir)",
+    )
+    coord.set_defaults(func=cmd_coordinator)
+
+    agent = sub.add_parser("agent", help="run this node's agent")
+    agent.add_argument("--coordinator", required=True, help="the coordinator's address (HOST:PORT or unix:PATH)")
+    agent.add_argument("--node", help="this node's name (default: $CKPTD_NODE or the hostname)")
+    agent.add_argument("--listen", help="address to serve on (default: unix socket)")
+    agent.set_defaults(func=cmd_agent)
+
+    daemon = sub.add_parser("daemon", help="coordinator and local agent in one process (started on demand)")
+    daemon.add_argument(
+        "--idle-exit", type=float, default=DEFAULT_IDLE_EXIT_S, metavar="SECONDS",
+        help="exit after this long without running jobs (0: never)",
+    )  # fmt: skip
+    daemon.set_defaults(func=cmd_daemon)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    setup_cli_logging(args.verbose)
+    return run_main(lambda: args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""One error type for the whole control plane, carried over gRPC as a status code.
+
+Every error message is one line that says what went wrong and what to do.
+The CLI turns the code into its exit status (see EXIT_CODES and README).
+"""
+
+from __future__ import annotations
+
+import enum
+
+import grpc
+
+
+class Code(enum.Enum):
+    NOT_FOUND = grpc.StatusCode.NOT_FOUND
+    FAILED_PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION
+    ABORTED = grpc.StatusCode.ABORTED
+    DATA_LOSS = grpc.StatusCode.DATA_LOSS
+    PERMISSION_DENIED = grpc.StatusCode.PERMISSION_DENIED
+    RESOURCE_EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED
+    UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
+    DEADLINE_EXCEEDED = grpc.StatusCode.DEADLINE_EXCEEDED
+    INVALID_ARGUMENT = grpc.StatusCode.INVALID_ARGUMENT
+    ALREADY_EXISTS = grpc.StatusCode.ALREADY_EXISTS
+    INTERNAL = grpc.StatusCode.INTERNAL
+
+
+# ckptctl / ckptd exit statuses (documented in README)
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_CODES: dict[Code, int] = {
+    Code.NOT_FOUND: 3,
+    Code.FAILED_PRECONDITION: 4,
+    Code.ALREADY_EXISTS: 4,
+    Code.ABORTED: 4,
+    Code.DATA_LOSS: 5,
+    Code.PERMISSION_DENIED: 6,
+    Code.RESOURCE_EXHAUSTED: 6,
+    Code.UNAVAILABLE: 7,
+    Code.INVALID_ARGUMENT: EXIT_USAGE,
+    Code.DEADLINE_EXCEEDED: 124,
+    Code.INTERNAL: EXIT_FAILED,
+}
+
+
+class CkptdError(Exception):
+    """A failure with a status code and a one-line message for the user."""
+
+    def __init__(self, code: Code, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES.get(self.code, EXIT_FAILED)
+
+    def abort(self, context: grpc.ServicerContext) -> None:
+        context.abort(self.code.value, self.message)
+
+    @classmethod
+    def from_rpc(cls, err: grpc.RpcError, what: str = "") -> CkptdError:
+        status = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
+        details = err.details() if hasattr(err, "details") else str(err)
+        try:
+            code = Code(status)
+        except ValueError:
+            code = Code.INTERNAL
+        if status == grpc.StatusCode.UNAVAILABLE and what:
+            details = f"{what} is unreachable ({details})"
+        return cls(code, details or str(status))

@@ -1,0 +1,1 @@
+"""The checkpoint image: core.img records (core.py), checksums and the manifest."""

@@ -1,0 +1,128 @@
+"""The checkpoint catalog, read from storage: the directories are the truth.
+
+A checkpoint is committed when its directory is renamed from
+.ckpt-NNNNNN.tmp-XXXX to ckpt-NNNNNN with a valid manifest inside.  After a
+reboot the catalog is simply re-read; leftover temporary directories are
+removed, never promoted.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import secrets
+import shutil
+from pathlib import Path
+
+from ckptd.errors import CkptdError, Code
+from ckptd.image.checksum import fsync_path
+from ckptd.image.manifest import load_manifest, total_bytes
+from ckptd.paths import CHECKPOINT_PREFIX, JobDir, checkpoint_name, parse_checkpoint_name
+from ckptd.v1 import ckptd_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+TMP_PREFIX = "." + CHECKPOINT_PREFIX
+
+
+def storage_error(e: OSError, path: Path) -> CkptdError:
+    if e.errno in (errno.EACCES, errno.EROFS, errno.EPERM):
+        return CkptdError(
+            Code.PERMISSION_DENIED,
+            f"checkpoint directory {path} is not writable ({e.strerror}); "
+            "fix its permissions or choose another --ckpt-dir",
+        )
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return CkptdError(
+            Code.RESOURCE_EXHAUSTED,
+            f"checkpoint storage {path} is full; free space or choose another --ckpt-dir",
+        )
+    return CkptdError(Code.UNAVAILABLE, f"checkpoint storage {path} failed: {e.strerror}")
+
+
+def info_from_manifest(job: str, path: Path) -> pb.CheckpointInfo:
+    m = load_manifest(path)
+    t = m.get("timings", {})
+    return pb.CheckpointInfo(
+        job=job,
+        id=int(m["id"]),
+        name=path.name,
+        path=str(path),
+        created=m.get("created", ""),
+        size_bytes=total_bytes(m),
+        duration_s=float(t.get("total_s", 0)),
+        stall_s=float(t.get("stall_s", 0)),
+        processes=len(m.get("processes", [])),
+        node=m.get("node", ""),
+    )
+
+
+class Catalog:
+    def list(self, job: str, job_dir: JobDir) -> list[pb.CheckpointInfo]:
+        out = []
+        try:
+            entries = list(os.scandir(job_dir.path))
+        except FileNotFoundError:
+            return []
+        for entry in entries:
+            ckpt_id = parse_checkpoint_name(entry.name)
+            if ckpt_id is None or not entry.is_dir():
+                continue
+            try:
+                out.append(info_from_manifest(job, Path(entry.path)))
+            except CkptdError as e:
+                # listed so the user sees it; a restart from it fails its verification
+                log.warning("%s", e.message)
+                out.append(pb.CheckpointInfo(job=job, id=ckpt_id, name=entry.name, path=entry.path, created="corrupt"))
+        return sorted(out, key=lambda c: c.id)
+
+    def next_id(self, job_dir: JobDir) -> int:
+        ids = [0]
+        try:
+            for name in os.listdir(job_dir.path):
+                base = name[1:].split(".tmp-")[0] if name.startswith(TMP_PREFIX) else name
+                n = parse_checkpoint_name(base)
+                if n is not None:
+                    ids.append(n)
+        except FileNotFoundError:
+            pass
+        return max(ids) + 1
+
+    def create_tmp(self, job_dir: JobDir, ckpt_id: int) -> Path:
+        tmp = job_dir.path / f".{checkpoint_name(ckpt_id)}.tmp-{secrets.token_hex(4)}"
+        try:
+            job_dir.path.mkdir(parents=True, exist_ok=True)
+            tmp.mkdir()
+            probe = tmp / ".probe"
+            probe.write_bytes(b"x")
+            probe.unlink()
+        except OSError as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise storage_error(e, job_dir.path) from e
+        return tmp
+
+    def commit(self, tmp: Path, job_dir: JobDir, ckpt_id: int) -> Path:
+        final = job_dir.checkpoint(ckpt_id)
+        if final.exists():
+            raise CkptdError(Code.ABORTED, f"{final} already exists; another coordinator is writing this job?")
+        try:
+            os.rename(tmp, final)
+            fsync_path(job_dir.path)
+        except OSError as e:
+            raise storage_error(e, job_dir.path) from e
+        return final
+
+    @staticmethod
+    def discard(tmp: Path) -> None:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    def remove_stale(self, job_dir: JobDir) -> None:
+        try:
+            names = os.listdir(job_dir.path)
+        except FileNotFoundError:
+            return
+        for name in names:
+            if name.startswith(TMP_PREFIX) and ".tmp-" in name:
+                log.info("removing unfinished checkpoint %s/%s", job_dir.path, name)
+                self.discard(job_dir.path / name)

@@ -1,0 +1,181 @@
+"""Jobs as the coordinator knows them, persisted in $CKPTD_HOME/jobs/<job>.json.
+
+The file holds the spec, the node and the last terminal state, so after a
+reboot `ckptctl restart JOB` finds the job, and a job that had finished
+still reads as finished.  Everything live comes from the agents' reports.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ckptd.agent.runtime import spec_from_json, spec_to_json
+
+from ckptd.errors import CkptdError, Code
+from ckptd.paths import JobDir
+from ckptd.v1 import ckptd_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+TERMINAL = ("exited", "killed")
+RUNNING = ("starting", "running", "checkpointing", "restoring")
+_ADJECTIVES = (
+    "amber",
+    "brisk",
+    "calm",
+    "deft",
+    "eager",
+    "fond",
+    "glad",
+    "keen",
+    "lucid",
+    "merry",
+    "neat",
+    "quiet",
+)
+
+
+def new_job_name() -> str:
+    return f"{secrets.choice(_ADJECTIVES)}-{secrets.token_hex(3)}"
+
+
+def check_name(name: str) -> None:
+    if not NAME_RE.match(name):
+        raise CkptdError(
+            Code.INVALID_ARGUMENT,
+            f"invalid job name {name!r}: use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit",
+        )
+
+
+@dataclass
+class JobRecord:
+    spec: pb.JobSpec
+    node: str
+    status: pb.JobStatus
+    op_lock: threading.Lock = field(default_factory=threading.Lock)
+    last_checkpoint_at: float = 0.0
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def job_dir(self) -> JobDir:
+        return JobDir.of(self.spec.ckpt_dir, self.spec.name)
+
+
+class JobRegistry:
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.lock = threading.Lock()
+        self.changed = threading.Condition(self.lock)
+        self.jobs: dict[str, JobRecord] = {}
+        self._load()
+
+    def _file(self, name: str) -> Path:
+        return self.directory / f"{name}.json"
+
+    def _load(self) -> None:
+        for path in sorted(self.directory.glob("*.json")):
+            try:
+                data = json.loads(path.read_text())
+                spec = spec_from_json(json.dumps(data["spec"]))
+            except (OSError, ValueError, KeyError) as e:
+                log.warning("ignoring unreadable job record %s: %s", path, e)
+                continue
+            status = pb.JobStatus(name=spec.name, node=data.get("node", ""), spec=spec)
+            last = data.get("last", {})
+            if last.get("state") in TERMINAL:
+                status.state = last["state"]
+                status.message = last.get("message", "")
+                status.has_exit = True
+                status.exit_code = int(last.get("exit_code", 0))
+                status.exit_signal = int(last.get("exit_signal", 0))
+            else:
+                status.state = "lost"
+                status.message = (
+                    f"not running: its node or ckptd restarted; `ckptctl restart {spec.name}` "
+                    "resumes it from its last checkpoint"
+                )
+            self.jobs[spec.name] = JobRecord(spec=spec, node=status.node, status=status)
+
+    def save(self, record: JobRecord) -> None:
+        last = {}
+        if record.status.state in TERMINAL:
+            last = {
+                "state": record.status.state,
+                "message": record.status.message,
+                "exit_code": record.status.exit_code,
+                "exit_signal": record.status.exit_signal,
+            }
+        data = {"spec": json.loads(spec_to_json(record.spec)), "node": record.node, "last": last}
+        tmp = self._file(record.name).with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        os.replace(tmp, self._file(record.name))
+
+    def add(self, spec: pb.JobSpec, node: str) -> JobRecord:
+        with self.lock:
+            if spec.name in self.jobs:
+                raise CkptdError(Code.ALREADY_EXISTS, f"job {spec.name} already exists; choose another --job name")
+            record = JobRecord(
+                spec=spec,
+                node=node,
+                status=pb.JobStatus(name=spec.name, state="starting", node=node, spec=spec),
+            )
+            self.jobs[spec.name] = record
+            self.save(record)
+            return record
+
+    def remove(self, name: str) -> None:
+        with self.lock:
+            self.jobs.pop(name, None)
+            self._file(name).unlink(missing_ok=True)
+
+    def get(self, name: str) -> JobRecord:
+        with self.lock:
+            record = self.jobs.get(name)
+            if record is not None:
+                return record
+            if name.isdigit():
+                pid = int(name)
+                for r in self.jobs.values():
+                    if pid in r.status.pids and r.status.state in RUNNING:
+                        return r
+                raise CkptdError(
+                    Code.NOT_FOUND,
+                    f"process {pid} was not launched under ckptd (no job contains it); "
+                    "start it with `ckptd launch -- COMMAND`",
+                )
+        raise CkptdError(Code.NOT_FOUND, f"unknown job {name!r}; `ckptctl jobs` lists the jobs")
+
+    def all(self) -> list[JobRecord]:
+        with self.lock:
+            return sorted(self.jobs.values(), key=lambda r: r.spec.created)
+
+    def update(self, record: JobRecord, status: pb.JobStatus, node: str) -> None:
+        """An agent's report of the job's state."""
+        with self.lock:
+            was_terminal = record.status.state in TERMINAL
+            record.status = status
+            record.node = node
+            if status.state in TERMINAL or was_terminal:
+                self.save(record)
+            self.changed.notify_all()
+
+    def wait_change(self, timeout: float) -> None:
+        with self.lock:
+            self.changed.wait(timeout)
+
+
+def now_rfc3339() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

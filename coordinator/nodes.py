@@ -1,0 +1,77 @@
+"""Nodes and their agents: registration, heartbeats and liveness."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+from ckptd.errors import CkptdError, Code
+from ckptd.rpc import agent_stub
+from ckptd.v1 import ckptd_pb2 as pb
+from ckptd.v1 import ckptd_pb2_grpc as pb_grpc
+
+HEARTBEAT_S = 2.0
+DEAD_AFTER_S = 3 * HEARTBEAT_S
+
+
+@dataclass
+class Node:
+    name: str
+    address: str
+    last_seen: float
+    health: pb.NodeHealth = field(default_factory=pb.NodeHealth)
+    stub: pb_grpc.AgentStub | None = None
+
+    @property
+    def alive(self) -> bool:
+        return time.monotonic() - self.last_seen < DEAD_AFTER_S
+
+
+class NodeRegistry:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.nodes: dict[str, Node] = {}
+
+    def register(self, name: str, address: str) -> None:
+        with self.lock:
+            node = self.nodes.get(name)
+            if node is None or node.address != address:
+                node = Node(name=name, address=address, last_seen=time.monotonic(), stub=agent_stub(address))
+                self.nodes[name] = node
+            node.last_seen = time.monotonic()
+
+    def heartbeat(self, name: str, health: pb.NodeHealth) -> None:
+        with self.lock:
+            node = self.nodes.get(name)
+            if node is None:
+                raise CkptdError(Code.NOT_FOUND, f"node {name} is not registered")
+            node.last_seen = time.monotonic()
+            node.health = health
+
+    def get(self, name: str) -> Node:
+        with self.lock:
+            node = self.nodes.get(name)
+        if node is None:
+            raise CkptdError(
+                Code.UNAVAILABLE, f"node {name} has no agent registered; start `ckptd agent --node {name}`"
+            )
+        return node
+
+    def live(self) -> list[Node]:
+        with self.lock:
+            return [n for n in self.nodes.values() if n.alive]
+
+    def describe(self) -> list[pb.NodeHealth]:
+        out = []
+        with self.lock:
+            nodes = list(self.nodes.values())
+        for n in sorted(nodes, key=lambda n: n.name):
+            h = pb.NodeHealth()
+            h.CopyFrom(n.health)
+            h.node = n.name
+            h.address = n.address
+            h.alive = n.alive
+            h.last_seen_s = time.monotonic() - n.last_seen
+            out.append(h)
+        return out
