@@ -175,6 +175,13 @@ class Checkpointer:
                 )
             )
         resp.log_bytes, resp.index_bytes = job.drain_output()
+        # the log as it stands now, so that a restart from this checkpoint
+        # recovers it even after a restart from an earlier one cut it back
+        try:
+            copy_prefix(job.job_dir.log, Path(directory) / "output.log", resp.log_bytes)
+            copy_prefix(job.job_dir.index, Path(directory) / "output.idx", resp.index_bytes)
+        except OSError as e:
+            raise _storage_error(f"cannot save the job's log: {e.strerror} (errno {e.errno})", directory) from e
         self._dumps[job.name] = list(resp.processes)
         return resp
 
@@ -248,6 +255,25 @@ class Checkpointer:
             "mapped_files": mapped,
             "files": files,
         }
+
+
+def copy_prefix(src: Path, dst: Path, size: int) -> None:
+    """The first `size` bytes of src into a new file dst."""
+    with open(src, "rb") as fin, open(dst, "wb") as fout:
+        left = size
+        while left:
+            n = os.copy_file_range(fin.fileno(), fout.fileno(), left) if _same_fs(fin, fout) else 0
+            if n <= 0:
+                data = fin.read(min(left, 1 << 20))
+                if not data:
+                    raise OSError(5, f"{src} is shorter than {size} bytes")
+                fout.write(data)
+                n = len(data)
+            left -= n
+
+
+def _same_fs(a: Any, b: Any) -> bool:
+    return os.fstat(a.fileno()).st_dev == os.fstat(b.fileno()).st_dev
 
 
 def remove_tree(path: str) -> None:

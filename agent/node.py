@@ -19,7 +19,7 @@ from ckptd.v1 import ckptd_pb2 as pb
 
 from .checkpoint import Checkpointer
 from .health import node_health
-from .restore import restore_job
+from .restore import restore_job, verify_checkpoint
 from .runtime import Incarnation, JobRuntime, spec_from_json, spec_to_json
 from .shim_link import ShimConnection, ShimServer
 
@@ -128,6 +128,7 @@ class AgentNode:
         with job.cond:
             job.shims[conn.host_pid] = conn
             job.cond.notify_all()
+        self._on_change(job)
         log.info(
             "job %s: process %d (pid %d in the job) registered%s",
             job.name,
@@ -215,8 +216,9 @@ class AgentNode:
                 f"job {spec.name} is still running on {self.node} (pids {job.live_pids()}); "
                 "use --force to kill it first",
             )
+        manifest = verify_checkpoint(spec.name, checkpoint, allow_changed, self.identities)
         job = self._track(spec)
-        restore_job(self.home, job, checkpoint, allow_changed, self.identities)
+        restore_job(self.home, job, checkpoint, manifest)
         self._on_change(job)
         return job
 

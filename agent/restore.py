@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -121,43 +122,55 @@ def roll_back_files(checkpoint: Path, manifest: dict[str, Any]) -> int:
     return restored
 
 
-def cut_log(path: Path, size: int) -> None:
+def put_back_log(saved: Path, live: Path) -> None:
+    """The job's log as it was at the checkpoint: output the lost run produced
+    afterwards goes, and output an earlier restart cut away comes back."""
+    size = saved.stat().st_size
     try:
-        current = path.stat().st_size
-    except FileNotFoundError:
-        current = 0
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.touch()
-    if current > size:
-        os.truncate(path, size)
-    elif current < size:
-        log.warning("%s has %d bytes, the checkpoint recorded %d: output was lost", path, current, size)
+        same_prefix = live.stat().st_size >= size and _prefix_equal(saved, live, size)
+    except OSError:
+        same_prefix = False
+    if same_prefix:
+        os.truncate(live, size)  # the usual case: only cut the tail
+        return
+    tmp = live.with_name(live.name + ".restore")
+    shutil.copyfile(saved, tmp)
+    os.replace(tmp, live)
 
 
-def restore_job(
-    home: Home,
-    job: JobRuntime,
-    checkpoint: Path,
-    allow_changed: bool,
-    identities: IdentityCache,
-) -> None:
+def _prefix_equal(a: Path, b: Path, size: int) -> bool:
+    with open(a, "rb") as fa, open(b, "rb") as fb:
+        left = size
+        while left:
+            n = min(left, 1 << 20)
+            if fa.read(n) != fb.read(n):
+                return False
+            left -= n
+    return True
+
+
+def verify_checkpoint(job: str, checkpoint: Path, allow_changed: bool, identities: IdentityCache) -> dict[str, Any]:
+    """Steps 1-2: prove the checkpoint whole and this node able to take it.
+    Touches nothing, so a refusal here leaves the job exactly as it was."""
     manifest = load_manifest(checkpoint)
-    if manifest.get("job") != job.name:
-        raise CkptdError(Code.INVALID_ARGUMENT, f"{checkpoint} belongs to job {manifest.get('job')}, not {job.name}")
+    if manifest.get("job") != job:
+        raise CkptdError(Code.INVALID_ARGUMENT, f"{checkpoint} belongs to job {manifest.get('job')}, not {job}")
     procs = manifest.get("processes", [])
     if len(procs) != 1:
         raise CkptdError(Code.FAILED_PRECONDITION, f"{checkpoint.name} holds {len(procs)} processes; cannot restore")
-    with job.cond:
-        job.operation = f"restart from {checkpoint.name}: verifying"
     verify_files(checkpoint, manifest)
     check_identities(manifest, allow_changed, identities)
+    return manifest
 
+
+def restore_job(home: Home, job: JobRuntime, checkpoint: Path, manifest: dict[str, Any]) -> None:
+    """Steps 3-5, on a verified checkpoint."""
+    procs = manifest["processes"]
     with job.cond:
         job.operation = f"restart from {checkpoint.name}: rolling back files"
     roll_back_files(checkpoint, manifest)
-    out = manifest.get("output", {})
-    cut_log(job.job_dir.log, int(out.get("log_bytes", 0)))
-    cut_log(job.job_dir.index, int(out.get("index_bytes", 0)))
+    put_back_log(checkpoint / "output.log", job.job_dir.log)
+    put_back_log(checkpoint / "output.idx", job.job_dir.index)
 
     proc = procs[0]
     inc = job.spawn(

@@ -17,6 +17,7 @@ from .nodes import Node, NodeRegistry
 log = logging.getLogger(__name__)
 
 KILL_WAIT_S = 15.0
+OP_WAIT_S = 60.0
 
 
 def _choose_checkpoint(record: JobRecord, catalog: Catalog, from_id: int) -> pb.CheckpointInfo:
@@ -90,14 +91,20 @@ def restart_job(
     catalog: Catalog,
     request: pb.RestartRequest,
 ) -> pb.RestartResponse:
-    if not record.op_lock.acquire(blocking=False):
-        raise CkptdError(Code.ABORTED, f"a checkpoint or restart of job {record.name} is already in progress")
+    # a checkpoint in flight (a periodic one, say) ends quickly once the job
+    # is dead: wait for it rather than refuse
+    if not record.op_lock.acquire(timeout=OP_WAIT_S):
+        raise CkptdError(
+            Code.ABORTED, f"a checkpoint or restart of job {record.name} is still in progress after {OP_WAIT_S:.0f} s"
+        )
     try:
         t0 = time.monotonic()
         checkpoint = _choose_checkpoint(record, catalog, request.from_id)
         _stop_if_alive(record, nodes, request.force)
         node = _choose_node(record, nodes, request.node)
         assert node.stub is not None
+        with registry.lock:
+            record.status.operation = f"restart from {checkpoint.name} on {node.name}"
         status = call(
             node.stub.Restore,
             pb.RestoreRequest(
@@ -112,4 +119,6 @@ def restart_job(
         registry.save(record)
         return pb.RestartResponse(status=status, checkpoint=checkpoint, duration_s=time.monotonic() - t0)
     finally:
+        with registry.lock:
+            record.status.operation = ""
         record.op_lock.release()

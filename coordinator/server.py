@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -76,7 +77,22 @@ class Coordinator:
                 st.message = f"node {record.node} is not answering"
                 st.ClearField("pids")
                 st.ClearField("processes")
+            elif node.stub is not None:
+                # live processes come from the agent, not from its last report
+                with contextlib.suppress(CkptdError):
+                    live = call(node.stub.GetJob, pb.AgentJobRequest(job=record.name), 5, f"agent on {node.name}")
+                    operation = st.operation or live.operation
+                    for field in _LIVE_FIELDS:
+                        st.ClearField(field)
+                        if field in ("pids", "processes"):
+                            getattr(st, field).extend(getattr(live, field))
+                        else:
+                            setattr(st, field, getattr(live, field))
+                    st.operation = operation
         return st
+
+
+_LIVE_FIELDS = ("state", "message", "pids", "processes", "generation", "has_exit", "exit_code", "exit_signal")
 
 
 class CoordinatorService(pb_grpc.CoordinatorServicer):
@@ -194,7 +210,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         deadline = time.monotonic() + max(0.0, min(request.timeout_s or 30.0, 300.0))
         while context.is_active():
             status = self.c.status(record)
-            if status.state in TERMINAL:
+            changed = (status.state, status.generation) != (request.known_state, request.known_generation)
+            if status.state in TERMINAL or changed:
                 return status
             left = deadline - time.monotonic()
             if left <= 0:

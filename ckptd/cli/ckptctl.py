@@ -199,14 +199,13 @@ def cmd_wait(args: argparse.Namespace) -> int:
     coord = _coordinator()
     deadline = time.monotonic() + args.timeout if args.timeout else None
     told_failed = -1
+    seen = pb.JobStatus()
     while True:
         left = 60.0 if deadline is None else max(0.0, deadline - time.monotonic())
-        st = call(
-            coord.WaitJob,
-            pb.WaitJobRequest(job=args.job, timeout_s=min(left, 60.0)),
-            min(left, 60.0) + 30,
-            "coordinator",
+        req = pb.WaitJobRequest(
+            job=args.job, timeout_s=min(left, 60.0), known_state=seen.state, known_generation=seen.generation
         )
+        st = seen = call(coord.WaitJob, req, min(left, 60.0) + 30, "coordinator")
         if st.state in ("exited", "killed"):
             if args.json:
                 print_json(st)

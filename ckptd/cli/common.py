@@ -11,9 +11,10 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from google.protobuf import json_format
+from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
-from ckptd.errors import EXIT_FAILED, CkptdError
+from ckptd.errors import EXIT_CODES, EXIT_FAILED, CkptdError, Code
 
 log = logging.getLogger("ckptd.cli")
 T = TypeVar("T")
@@ -39,8 +40,34 @@ def note(text: str) -> None:
     sys.stderr.flush()
 
 
+_INT64 = {
+    FieldDescriptor.TYPE_INT64,
+    FieldDescriptor.TYPE_UINT64,
+    FieldDescriptor.TYPE_SINT64,
+    FieldDescriptor.TYPE_FIXED64,
+    FieldDescriptor.TYPE_SFIXED64,
+}
+
+
+def _ints(msg: Message, d: dict[str, Any]) -> dict[str, Any]:
+    """proto3 JSON writes 64-bit integers as strings; scripts want numbers."""
+    for f in msg.DESCRIPTOR.fields:
+        if f.name not in d:
+            continue
+        if f.type == FieldDescriptor.TYPE_MESSAGE and not f.message_type.GetOptions().map_entry:
+            value = getattr(msg, f.name)
+            if f.is_repeated:
+                d[f.name] = [_ints(m, x) for m, x in zip(value, d[f.name], strict=False)]
+            else:
+                d[f.name] = _ints(value, d[f.name])
+        elif f.type in _INT64:
+            d[f.name] = [int(x) for x in d[f.name]] if isinstance(d[f.name], list) else int(d[f.name])
+    return d
+
+
 def to_dict(msg: Message) -> dict[str, Any]:
-    return json_format.MessageToDict(msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+    d = json_format.MessageToDict(msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+    return _ints(msg, d)
 
 
 def print_json(obj: Any) -> None:
@@ -61,6 +88,10 @@ def run_main(fn: Callable[[], int]) -> int:
         return e.exit_code
     except KeyboardInterrupt:
         return 130
+    except OSError as e:
+        where = f": {e.filename}" if e.filename else ""
+        note(f"error: {e.strerror or e}{where}")
+        return EXIT_CODES[Code.PERMISSION_DENIED] if isinstance(e, PermissionError) else EXIT_FAILED
     except BrokenPipeError:
         return EXIT_FAILED
 

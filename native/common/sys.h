@@ -109,6 +109,7 @@ CK_ALWAYS_INLINE long ck_copy_file_range(int in, int out, size_t n)
 {
     return ck_sc6(SYS_copy_file_range, in, 0, out, 0, (long)n, 0);
 }
+CK_ALWAYS_INLINE long ck_sendfile(int out, int in, size_t n) { return ck_sc4(SYS_sendfile, out, in, 0, n); }
 CK_ALWAYS_INLINE long ck_tee(int in, int out, size_t n, unsigned flags) { return ck_sc4(SYS_tee, in, out, n, flags); }
 CK_ALWAYS_INLINE long ck_eventfd2(unsigned count, int flags) { return ck_sc2(SYS_eventfd2, count, flags); }
 CK_ALWAYS_INLINE long ck_epoll_create1(int flags) { return ck_sc1(SYS_epoll_create1, flags); }

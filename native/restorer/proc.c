@@ -74,13 +74,19 @@ void rst_arm_timers(const struct rst_image *im)
 {
     for (int i = 0; i < 3; i++) {
         const struct ck_itimer *t = &im->proc->itimers[i];
-        if (!t->value_sec && !t->value_usec)
-            continue;
         struct itimerval v;
         v.it_interval.tv_sec = t->interval_sec;
         v.it_interval.tv_usec = t->interval_usec;
         v.it_value.tv_sec = t->value_sec;
         v.it_value.tv_usec = t->value_usec;
+        if (!v.it_value.tv_sec && !v.it_value.tv_usec) {
+            if (!v.it_interval.tv_sec && !v.it_interval.tv_usec)
+                continue;  /* disarmed */
+            /* periodic with its expiry pending (it re-arms when the signal
+             * is taken): the pending signal is queued again, the next one
+             * comes an interval later */
+            v.it_value = v.it_interval;
+        }
         long rc = ck_setitimer(i, &v);
         if (rc < 0)
             rst_fail("cannot re-arm an interval timer", 0, rc);

@@ -174,31 +174,64 @@ static int dump_proc(struct ck_image *im)
     p->umask = (uint32_t)status_oct(procbuf, "Umask:");
     if (ck_strncmp(ck_skip_spaces(status_line(procbuf, "x86_Thread_features:")), "shstk", 5) == 0)
         return ck_image_fail(im, "x86 shadow stacks are enabled; not supported", 0, 0);
-    /* process-wide pending signals (the quiesce signal itself excluded) */
-    uint64_t shd = status_hex(procbuf, "ShdPnd:");
-    for (int s = 1; s <= 64; s++) {
-        if (!(shd & (1ull << (s - 1))) || s == ck_shim.quiesce_signal)
-            continue;
-        struct ck_pending *pe = ck_table_push(&im->pending);
-        if (!pe)
-            return ck_image_fail(im, "too many pending signals", 0, 0);
-        pe->tid = 0;
-        pe->signo = s;
-    }
-
     n = ck_read_file("/proc/self/auxv", im->auxv, sizeof(im->auxv));
     if (n < 0)
         return ck_image_fail(im, "cannot read /proc/self/auxv", 0, n);
     im->auxv_len = (size_t)n;
+    return 0;
+}
 
+static int add_pending(struct ck_image *im, int tid, uint64_t set)
+{
+    for (int s = 1; s <= 64; s++) {
+        if (!(set & (1ull << (s - 1))) || s == ck_shim.quiesce_signal)
+            continue;
+        struct ck_pending *pe = ck_table_push(&im->pending);
+        if (!pe)
+            return ck_image_fail(im, "too many pending signals", 0, 0);
+        pe->tid = tid;
+        pe->signo = s;
+    }
+    return 0;
+}
+
+/*
+ * Interval timers and pending signals, read together as the last thing
+ * before core.img is written, so they describe the same instant.  A
+ * periodic ITIMER_REAL whose SIGALRM is pending reads as it_value 0: the
+ * kernel re-arms it only when the signal is dequeued (the restorer knows).
+ */
+static int capture_timers_and_pending(struct ck_image *im)
+{
+    char path[64], status[4096];
+    struct ck_buf b;
     for (int i = 0; i < 3; i++) {
         struct itimerval v;
         if (ck_getitimer(i, &v) == 0) {
-            p->itimers[i].interval_sec = v.it_interval.tv_sec;
-            p->itimers[i].interval_usec = v.it_interval.tv_usec;
-            p->itimers[i].value_sec = v.it_value.tv_sec;
-            p->itimers[i].value_usec = v.it_value.tv_usec;
+            im->proc.itimers[i].interval_sec = v.it_interval.tv_sec;
+            im->proc.itimers[i].interval_usec = v.it_interval.tv_usec;
+            im->proc.itimers[i].value_sec = v.it_value.tv_sec;
+            im->proc.itimers[i].value_usec = v.it_value.tv_usec;
         }
+    }
+    long n = ck_read_file("/proc/self/status", procbuf, sizeof(procbuf) - 1);
+    if (n < 0)
+        return ck_image_fail(im, "cannot read /proc/self/status", 0, n);
+    procbuf[n] = 0;
+    if (add_pending(im, 0, status_hex(procbuf, "ShdPnd:")) < 0)
+        return -1;
+    for (size_t i = 0; i < im->threads.count; i++) {
+        struct ck_thread *t = ck_table_at(&im->threads, i);
+        ck_buf_init(&b, path, sizeof(path));
+        ck_buf_str(&b, "/proc/self/task/");
+        ck_buf_u64(&b, (uint64_t)t->tid);
+        ck_buf_str(&b, "/status");
+        long len = ck_read_file(path, status, sizeof(status) - 1);
+        if (len <= 0)
+            continue;
+        status[len] = 0;
+        if (add_pending(im, t->tid, status_hex(status, "SigPnd:")) < 0)
+            return -1;
     }
     return 0;
 }
@@ -207,8 +240,6 @@ static int dump_threads(struct ck_image *im, struct ck_thread *self)
 {
     uint32_t n;
     struct ck_thread *parked = ck_parked_threads(&n);
-    char path[64], status[4096];
-    struct ck_buf b;
     int have_main = self->flags & CK_THREAD_MAIN;
 
     for (uint32_t i = 0; i <= n; i++) {
@@ -219,25 +250,6 @@ static int dump_threads(struct ck_image *im, struct ck_thread *self)
         ck_memcpy(t, src, sizeof(*t));
         if (t->flags & CK_THREAD_MAIN)
             have_main = 1;
-        /* thread-directed pending signals */
-        ck_buf_init(&b, path, sizeof(path));
-        ck_buf_str(&b, "/proc/self/task/");
-        ck_buf_u64(&b, (uint64_t)t->tid);
-        ck_buf_str(&b, "/status");
-        long len = ck_read_file(path, status, sizeof(status) - 1);
-        if (len > 0) {
-            status[len] = 0;
-            uint64_t pnd = status_hex(status, "SigPnd:");
-            for (int s = 1; s <= 64; s++) {
-                if (!(pnd & (1ull << (s - 1))) || s == ck_shim.quiesce_signal)
-                    continue;
-                struct ck_pending *pe = ck_table_push(&im->pending);
-                if (!pe)
-                    return ck_image_fail(im, "too many pending signals", 0, 0);
-                pe->tid = t->tid;
-                pe->signo = s;
-            }
-        }
     }
     if (!have_main)
         return ck_image_fail(im, "the main thread has exited; a process without its main thread cannot be restored", 0, 0);
@@ -404,6 +416,8 @@ int ck_dump(const char *dir, struct ck_dump_stats *st, char *err, size_t errcap)
         rc = ck_dump_files(&im, &st->files_bytes);
     if (rc == 0)
         rc = ck_dump_memory(&im, &st->pages_bytes);
+    if (rc == 0)
+        rc = capture_timers_and_pending(&im);
     if (rc == 0)
         rc = write_core(&im, st->pages_bytes, &st->core_bytes);
     ck_close(im.dirfd);

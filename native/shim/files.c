@@ -130,12 +130,20 @@ static int save_file(struct ck_image *im, const char *path, uint64_t *bytes)
         ck_close((int)in);
         return ck_image_fail(im, "cannot save a file the job writes", path, out);
     }
+    /* copy_file_range shares blocks or copies in the kernel, but only
+     * within one filesystem (EXDEV otherwise): then sendfile */
     uint64_t left = f->size;
     long rc = 0;
+    int same_fs = 1;
     while (left) {
-        rc = ck_copy_file_range((int)in, (int)out, left > (1ull << 30) ? (1ull << 30) : left);
+        size_t chunk = left > (1ull << 30) ? (1ull << 30) : left;
+        rc = same_fs ? ck_copy_file_range((int)in, (int)out, chunk) : ck_sendfile((int)out, (int)in, chunk);
         if (rc == -EINTR)
             continue;
+        if (same_fs && (rc == -EXDEV || rc == -EINVAL || rc == -EOPNOTSUPP || rc == -ENOSYS) && left == f->size) {
+            same_fs = 0;
+            continue;
+        }
         if (rc <= 0)
             break;
         left -= (uint64_t)rc;

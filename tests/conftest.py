@@ -1,0 +1,210 @@
+"""Test fixtures: a private CKPTD_HOME per test, driven through the real CLIs.
+
+Nothing is mocked: every test talks to real daemons over real Unix sockets,
+launches real processes, checkpoints them, kills them with SIGKILL and
+restarts them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+# Test the installed package, never the source tree: agent/ and coordinator/
+# only become ckptd.agent and ckptd.coordinator once installed.
+_REPO = str(Path(__file__).resolve().parent.parent)
+sys.path[:] = [p for p in sys.path if p not in ("", ".", _REPO)]
+
+import psutil  # noqa: E402
+import pytest  # noqa: E402
+
+WORKLOADS = Path(__file__).parent / "workloads"
+PYTHON = sys.executable
+BIN = Path(sys.executable).parent
+
+
+def _tool(name: str) -> str:
+    path = BIN / name
+    return str(path) if path.exists() else (shutil.which(name) or name)
+
+
+CKPTD = _tool("ckptd")
+CKPTCTL = _tool("ckptctl")
+
+
+class Ckptd:
+    """One isolated ckptd installation (its own CKPTD_HOME and daemon)."""
+
+    def __init__(self, home: Path, user: tuple[int, int] | None = None) -> None:
+        self.home = home
+        self.user = user  # (uid, gid) to run everything as, or None
+        self.env = dict(os.environ, CKPTD_HOME=str(home), CKPTD_IDLE_EXIT="600")
+        for var in ("CKPTD_COORDINATOR", "LD_PRELOAD", "CKPTD_JOB", "CKPTD_SHIM_SOCKET"):
+            self.env.pop(var, None)
+        self.env["OPENBLAS_NUM_THREADS"] = "2"
+        self._logs: dict[str, Path] = {}
+
+    def _as_user(self) -> dict[str, Any]:
+        if not self.user:
+            return {}
+        uid, gid = self.user
+        return {"user": uid, "group": gid, "extra_groups": []}
+
+    def run(self, *args: str, check: bool = True, timeout: float = 120, **kw: Any) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(
+            list(args),
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            **self._as_user(),
+            **kw,
+        )
+        if check and proc.returncode != 0:
+            raise AssertionError(f"{args} failed with {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+        return proc
+
+    def ctl(self, *args: str, check: bool = True, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+        return self.run(CKPTCTL, *args, check=check, timeout=timeout)
+
+    def ctl_json(self, *args: str) -> Any:
+        return json.loads(self.ctl(*args, "--json").stdout)
+
+    def launch(self, job: str, argv: list[str], *extra: str, cwd: str | None = None) -> None:
+        self.run(CKPTD, "launch", "--detach", "--job", job, *extra, "--", *argv, cwd=cwd)
+
+    def popen_launch(self, job: str, argv: list[str], *extra: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [CKPTD, "launch", "--job", job, *extra, "--", *argv],
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            **self._as_user(),
+        )
+
+    def status(self, job: str) -> dict[str, Any]:
+        return self.ctl_json("status", job)
+
+    def log(self, job: str, stream: str = "both") -> str:
+        return self.ctl("logs", job, "--stream", stream).stdout
+
+    def log_file(self, job: str) -> Path:
+        if job not in self._logs:
+            self._logs[job] = Path(self.status(job)["log_path"])
+        return self._logs[job]
+
+    def wait_log(self, job: str, pattern: str, timeout: float = 60) -> None:
+        """Wait until the job's output (read straight from its log file) matches pattern."""
+        deadline = time.monotonic() + timeout
+        rx = re.compile(pattern, re.M)
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError, AssertionError):  # AssertionError: not launched yet
+                if rx.search(self.log_file(job).read_text(errors="replace")):
+                    return
+            time.sleep(0.05)
+        raise AssertionError(f"job {job}: {pattern!r} not in output after {timeout}s:\n{self.log(job)[-2000:]}")
+
+    def checkpoint(self, job: str) -> dict[str, Any]:
+        return self.ctl_json("checkpoint", job)
+
+    def kill9(self, job: str) -> list[int]:
+        """SIGKILL every process of the job, as a node failure would."""
+        pids = self.status(job)["pids"]
+        assert pids, f"job {job} has no live process"
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.status(job)["state"] not in ("running", "checkpointing"):
+                return pids
+            time.sleep(0.1)
+        raise AssertionError(f"job {job} still running after SIGKILL")
+
+    def wait(self, job: str, timeout: float = 180) -> int:
+        return self.ctl("wait", job, "--timeout", str(timeout), check=False, timeout=timeout + 30).returncode
+
+    def daemon_pids(self) -> list[int]:
+        out = []
+        for p in psutil.process_iter(["cmdline", "environ"]):
+            with contextlib.suppress(psutil.Error):
+                cmd = p.info["cmdline"] or []
+                env = p.info["environ"] or {}
+                if "ckptd.cli.ckptd_main" in " ".join(cmd) and env.get("CKPTD_HOME") == str(self.home):
+                    out.append(p.pid)
+        return out
+
+    def init_pids(self) -> list[int]:
+        """ckptd-init processes of this home (relays and reapers)."""
+        out = []
+        for p in psutil.process_iter(["cmdline"]):
+            with contextlib.suppress(psutil.Error):
+                cmd = p.info["cmdline"] or []
+                if cmd and cmd[0].endswith("ckptd-init") and any(str(self.home) in a for a in cmd):
+                    out.append(p.pid)
+                    out.extend(c.pid for c in p.children(recursive=True))
+        return out
+
+    def crash_node(self, job: str) -> None:
+        """Everything dies at once: job, ckptd-init, daemon (a machine going down)."""
+        victims = set(self.status(job)["pids"]) | set(self.init_pids()) | set(self.daemon_pids())
+        for pid in victims:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(psutil.pid_exists(p) for p in victims):
+            time.sleep(0.05)
+
+    def cleanup(self) -> None:
+        with contextlib.suppress(Exception):
+            self.run(CKPTCTL, "shutdown", check=False, timeout=20)
+        for pid in self.init_pids() + self.daemon_pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def ckptd(tmp_path: Path) -> Iterator[Ckptd]:
+    home = tmp_path / "home"
+    home.mkdir()
+    c = Ckptd(home)
+    try:
+        yield c
+    finally:
+        c.cleanup()
+
+
+@pytest.fixture
+def outdir(tmp_path: Path) -> Path:
+    d = tmp_path / "out"
+    d.mkdir()
+    return d
+
+
+@pytest.fixture(scope="session")
+def ctimer(tmp_path_factory: pytest.TempPathFactory) -> str:
+    exe = tmp_path_factory.mktemp("bin") / "ctimer"
+    subprocess.run(
+        ["gcc", "-O2", "-Wall", "-Wextra", "-Werror", "-pthread", str(WORKLOADS / "ctimer.c"), "-o", str(exe)],
+        check=True,
+    )
+    exe.parent.chmod(0o755)
+    return str(exe)
+
+
+def run_plain(argv: list[str], env: dict[str, str] | None = None, **kw: Any) -> subprocess.CompletedProcess[str]:
+    """The reference: the same program run without ckptd."""
+    e = dict(os.environ, OPENBLAS_NUM_THREADS="2")
+    e.update(env or {})
+    return subprocess.run(argv, env=e, capture_output=True, text=True, check=True, timeout=300, **kw)

@@ -1,0 +1,289 @@
+"""Bad input: a one-line error that says what to do, a meaningful exit
+status, and nothing lost (the job keeps running, earlier checkpoints stay
+intact and restorable)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import PYTHON, WORKLOADS, Ckptd, run_plain
+
+COUNTER = """
+import sys, time
+n = int(sys.argv[1])
+for i in range(n):
+    print(f"tick {i}", flush=True)
+    time.sleep(0.05)
+print("finished", flush=True)
+"""
+
+# exit statuses (README, ckptd/errors.py)
+NOT_FOUND, PRECONDITION, CORRUPT, STORAGE = 3, 4, 5, 6
+
+
+def one_line_error(proc: subprocess.CompletedProcess[str], *words: str) -> str:
+    err = proc.stderr.strip()
+    assert err.startswith("error: "), err
+    assert "\n" not in err, f"not one line: {err!r}"
+    for w in words:
+        assert w in err, f"{w!r} not in {err!r}"
+    return err
+
+
+@pytest.fixture
+def counter(tmp_path: Path) -> Path:
+    p = tmp_path / "counter.py"
+    p.write_text(COUNTER)
+    return p
+
+
+def test_unknown_job(ckptd: Ckptd) -> None:
+    for cmd in (["status", "nosuch"], ["checkpoint", "nosuch"], ["restart", "nosuch"], ["wait", "nosuch"]):
+        p = ckptd.ctl(*cmd, check=False)
+        assert p.returncode == NOT_FOUND, (cmd, p.stderr)
+        one_line_error(p, "nosuch", "ckptctl jobs")
+
+
+def test_restart_while_running_refused_then_forced(ckptd: Ckptd, counter: Path) -> None:
+    ckptd.launch("live", [PYTHON, str(counter), "400"])
+    ckptd.wait_log("live", r"^tick 5$")
+    ckptd.checkpoint("live")
+    pids = ckptd.status("live")["pids"]
+    p = ckptd.ctl("restart", "live", check=False)
+    assert p.returncode == PRECONDITION
+    one_line_error(p, "still running", "--force")
+    st = ckptd.status("live")
+    assert st["state"] == "running" and st["pids"] == pids  # untouched
+    ckptd.ctl("restart", "live", "--force")
+    st = ckptd.status("live")
+    assert st["state"] == "running" and st["pids"] != pids and st["generation"] == 1
+    assert ckptd.wait("live") == 0
+    assert ckptd.log("live") == run_plain([PYTHON, str(counter), "400"]).stdout
+
+
+def test_restart_without_checkpoint(ckptd: Ckptd, counter: Path) -> None:
+    ckptd.launch("nock", [PYTHON, str(counter), "400"])
+    ckptd.wait_log("nock", r"^tick 3$")
+    ckptd.kill9("nock")
+    p = ckptd.ctl("restart", "nock", check=False)
+    assert p.returncode == PRECONDITION
+    one_line_error(p, "no checkpoint", "ckptctl checkpoint nock")
+    assert ckptd.status("nock")["state"] == "failed"
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_corrupt_image_caught_before_restore(ckptd: Ckptd, counter: Path, damage: str) -> None:
+    ckptd.launch("bad", [PYTHON, str(counter), "300"])
+    ckptd.wait_log("bad", r"^tick 10$")
+    ckptd.checkpoint("bad")
+    ckptd.wait_log("bad", r"^tick 40$")
+    second = ckptd.checkpoint("bad")
+    ckptd.wait_log("bad", r"^tick 60$")
+    ckptd.kill9("bad")
+    log_before = ckptd.log_file("bad").read_bytes()
+
+    ckpt = Path(second["path"])
+    if damage == "flip":
+        target = ckpt / "proc-2" / "pages.img"
+        with open(target, "r+b") as f:
+            f.seek(os.path.getsize(target) // 2)
+            b = f.read(1)
+            f.seek(-1, 1)
+            f.write(bytes([b[0] ^ 0xFF]))
+        words = ("checksum", "--from")
+    else:
+        target = ckpt / "proc-2" / "core.img"
+        os.truncate(target, os.path.getsize(target) // 2)
+        words = ("bytes, expected", "--from")
+    p = ckptd.ctl("restart", "bad", check=False)
+    assert p.returncode == CORRUPT, p.stderr
+    one_line_error(p, *words)
+    assert ckptd.status("bad")["state"] == "failed"  # nothing started
+    assert ckptd.log_file("bad").read_bytes() == log_before  # nothing touched
+
+    ckptd.ctl("restart", "bad", "--from", "1")  # the earlier one still works
+    assert ckptd.wait("bad") == 0
+    assert ckptd.log("bad") == run_plain([PYTHON, str(counter), "300"]).stdout
+
+
+@contextlib.contextmanager
+def read_only(path: Path) -> Iterator[None]:
+    """Make path read-only for new files (root ignores permissions: use a
+    read-only bind mount; open files, like the job's log, stay writable)."""
+    if os.getuid() == 0:
+        subprocess.run(["mount", "--bind", str(path), str(path)], check=True)
+        try:
+            subprocess.run(["mount", "-o", "remount,bind,ro", str(path)], check=True)
+            yield
+        finally:
+            subprocess.run(["umount", str(path)], check=True)
+    else:
+        mode = path.stat().st_mode
+        path.chmod(0o555)
+        try:
+            yield
+        finally:
+            path.chmod(mode)
+
+
+def test_read_only_checkpoint_dir(ckptd: Ckptd, counter: Path, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    ckptd.launch("ro", [PYTHON, str(counter), "300"], "--ckpt-dir", str(store))
+    jobdir = store / "ro"
+    ckptd.wait_log("ro", r"^tick 5$")
+    first = ckptd.checkpoint("ro")
+    with read_only(jobdir):
+        p = ckptd.ctl("checkpoint", "ro", check=False)
+        assert p.returncode == STORAGE, p.stderr
+        one_line_error(p, "not writable", "--ckpt-dir")
+        assert ckptd.status("ro")["state"] == "running"
+    assert [c["id"] for c in ckptd.ctl_json("list", "ro")] == [1]
+    ckptd.ctl("inspect", "--verify", first["path"])  # still whole
+    assert not [n for n in os.listdir(jobdir) if ".tmp-" in n]
+    assert ckptd.wait("ro") == 0
+    assert (jobdir / "output.log").read_text() == run_plain([PYTHON, str(counter), "300"]).stdout
+
+
+def _wait_file_pattern(path: Path, text: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            if text in path.read_text():
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"{text!r} not in {path}")
+
+
+GROWER = """
+import os, sys, time
+ballast = bytearray(os.urandom(16 << 20))
+out = open(sys.argv[1], "wb")
+print("small", flush=True)
+while not os.path.exists(sys.argv[2]):
+    time.sleep(0.05)
+out.write(os.urandom(40 << 20)); out.flush()
+print("big", flush=True)
+for i in range(100):
+    print("tick", i, flush=True)
+    time.sleep(0.05)
+print("finished", len(ballast), flush=True)
+"""
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="mounting a small tmpfs needs root")
+def test_checkpoint_storage_full(ckptd: Ckptd, tmp_path: Path) -> None:
+    """The disk fills up in the middle of writing the image: the checkpoint
+    fails cleanly, the job keeps running, the earlier checkpoint survives."""
+    store = tmp_path / "small"
+    store.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=72m", "tmpfs", str(store)], check=True)
+    try:
+        script = tmp_path / "grower.py"
+        script.write_text(GROWER)
+        go = tmp_path / "go"
+        ckptd.launch("full", [PYTHON, str(script), str(tmp_path / "data.bin"), str(go)], "--ckpt-dir", str(store))
+        _wait_file_pattern(store / "full" / "output.log", "small")
+        first = ckptd.checkpoint("full")
+        go.touch()
+        _wait_file_pattern(store / "full" / "output.log", "big")
+        p = ckptd.ctl("checkpoint", "full", check=False)
+        assert p.returncode == STORAGE, p.stderr
+        one_line_error(p, "full")
+        assert ckptd.status("full")["state"] == "running"
+        assert [c["id"] for c in ckptd.ctl_json("list", "full")] == [1]
+        assert not [n for n in os.listdir(store / "full") if ".tmp-" in n]
+        ckptd.ctl("inspect", "--verify", first["path"])
+        assert ckptd.wait("full") == 0
+        assert "finished" in (store / "full" / "output.log").read_text()
+    finally:
+        ckptd.cleanup()
+        subprocess.run(["umount", "-l", str(store)], check=False)
+
+
+def test_process_not_launched_under_ckptd(ckptd: Ckptd) -> None:
+    plain = subprocess.Popen(["sleep", "60"])
+    try:
+        ckptd.ctl("jobs")  # make sure the daemon runs
+        p = ckptd.ctl("checkpoint", str(plain.pid), check=False)
+        assert p.returncode == NOT_FOUND
+        one_line_error(p, str(plain.pid), "not launched under ckptd", "ckptd launch")
+        assert plain.poll() is None
+    finally:
+        plain.kill()
+
+
+STATIC = r"""
+#include <stdio.h>
+#include <unistd.h>
+int main(void) { for (int i = 0; i < 600; i++) { printf("static %d\n", i); fflush(stdout); usleep(50000); } return 0; }
+"""
+
+
+def test_process_that_escaped_the_shim(ckptd: Ckptd, tmp_path: Path) -> None:
+    src = tmp_path / "static.c"
+    src.write_text(STATIC)
+    exe = tmp_path / "static"
+    subprocess.run(["gcc", "-static", "-O2", str(src), "-o", str(exe)], check=True)
+    ckptd.launch("esc", [str(exe)])
+    ckptd.wait_log("esc", r"^static 3$")
+    (pid,) = ckptd.status("esc")["pids"]
+    p = ckptd.ctl("checkpoint", "esc", check=False)
+    assert p.returncode == PRECONDITION
+    one_line_error(p, str(pid), "not running under the ckptd shim")
+    st = ckptd.status("esc")
+    assert st["state"] == "running" and st["processes"][0]["under_shim"] is False
+    ckptd.ctl("kill", "esc")
+
+
+SOCKETS = """
+import socket, time
+a, b = socket.socketpair()
+for i in range(400):
+    print("tick", i, flush=True)
+    time.sleep(0.02)
+"""
+
+
+def test_unsupported_descriptor_named(ckptd: Ckptd, tmp_path: Path) -> None:
+    script = tmp_path / "sock.py"
+    script.write_text(SOCKETS)
+    ckptd.launch("sock", [PYTHON, str(script)])
+    ckptd.wait_log("sock", r"^tick 3$")
+    p = ckptd.ctl("checkpoint", "sock", check=False)
+    assert p.returncode == PRECONDITION
+    one_line_error(p, "unsupported file descriptor", "socket")
+    assert ckptd.status("sock")["state"] == "running"
+    assert ckptd.ctl_json("list", "sock") == []
+    assert ckptd.wait("sock") == 0
+    assert ckptd.log("sock").splitlines()[-1] == "tick 399"
+
+
+def test_two_checkpoints_at_once(ckptd: Ckptd, outdir: Path) -> None:
+    ckptd.launch("two", [PYTHON, str(WORKLOADS / "numpy_train.py"), str(outdir), "200", "256"])
+    ckptd.wait_log("two", r"^step 2 ")
+    procs = [
+        subprocess.Popen(
+            ["ckptctl", "checkpoint", "two", "--json"],
+            env=ckptd.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(3)
+    ]
+    results = [(p.wait(timeout=120), p.stderr.read()) for p in procs]
+    ok = [r for r in results if r[0] == 0]
+    assert ok, results
+    for rc, err in results:
+        assert rc == 0 or (rc == PRECONDITION and "already in progress" in err), (rc, err)
+    ids = [c["id"] for c in ckptd.ctl_json("list", "two")]
+    assert ids == list(range(1, len(ok) + 1))
+    for c in ckptd.ctl_json("list", "two"):
+        ckptd.ctl("inspect", "--verify", c["path"])
+    ckptd.ctl("kill", "two")
