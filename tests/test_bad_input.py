@@ -287,3 +287,27 @@ def test_two_checkpoints_at_once(ckptd: Ckptd, outdir: Path) -> None:
     for c in ckptd.ctl_json("list", "two"):
         ckptd.ctl("inspect", "--verify", c["path"])
     ckptd.ctl("kill", "two")
+
+
+POSIX_TIMER = """
+import ctypes, signal, time
+librt = ctypes.CDLL(None, use_errno=True)
+timer = ctypes.c_void_p()
+signal.signal(signal.SIGALRM, lambda s, f: None)
+assert librt.timer_create(1, None, ctypes.byref(timer)) == 0  # CLOCK_MONOTONIC, SIGALRM
+for i in range(400):
+    print("tick", i, flush=True)
+    time.sleep(0.02)
+"""
+
+
+def test_posix_timers_refused_not_dropped(ckptd: Ckptd, tmp_path: Path) -> None:
+    script = tmp_path / "ptimer.py"
+    script.write_text(POSIX_TIMER)
+    ckptd.launch("ptimer", [PYTHON, str(script)])
+    ckptd.wait_log("ptimer", r"^tick 3$")
+    p = ckptd.ctl("checkpoint", "ptimer", check=False)
+    assert p.returncode == PRECONDITION
+    one_line_error(p, "POSIX timers")
+    assert ckptd.status("ptimer")["state"] == "running"
+    ckptd.ctl("kill", "ptimer")

