@@ -69,6 +69,7 @@ setup(
             "_native/ckptd-init",
             "_native/layout-dump",
             "_native/image_format.h",
+            "py.typed",
         ],
     },
     include_package_data=False,

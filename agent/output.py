@@ -47,7 +47,7 @@ class LogFollower:
 
     def poll(self) -> list[Chunk]:
         records = self._read_index()
-        chunks = []
+        chunks: list[Chunk] = []
         if not records:
             return chunks
         with open(self.log, "rb") as f:

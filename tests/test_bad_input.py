@@ -311,3 +311,29 @@ def test_posix_timers_refused_not_dropped(ckptd: Ckptd, tmp_path: Path) -> None:
     one_line_error(p, "POSIX timers")
     assert ckptd.status("ptimer")["state"] == "running"
     ckptd.ctl("kill", "ptimer")
+
+
+CHILD = """
+import subprocess, time
+child = subprocess.Popen(["sleep", "60"])
+for i in range(400):
+    print("tick", i, flush=True)
+    time.sleep(0.02)
+child.kill()
+"""
+
+
+def test_process_tree_refused_for_now(ckptd: Ckptd, tmp_path: Path) -> None:
+    """Children run fine under the shim, but this version checkpoints
+    single-process jobs only: refused with the pids, the job runs on."""
+    script = tmp_path / "tree.py"
+    script.write_text(CHILD)
+    ckptd.launch("tree", [PYTHON, str(script)])
+    ckptd.wait_log("tree", r"^tick 3$")
+    st = ckptd.status("tree")
+    assert len(st["pids"]) == 2 and all(p["under_shim"] for p in st["processes"])
+    p = ckptd.ctl("checkpoint", "tree", check=False)
+    assert p.returncode == PRECONDITION
+    one_line_error(p, "2 processes", "single-process")
+    assert ckptd.status("tree")["state"] == "running"
+    assert ckptd.wait("tree") == 0

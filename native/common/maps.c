@@ -87,6 +87,24 @@ int ck_parse_maps(char *text, size_t len, ck_map_cb cb, void *ctx)
     return 0;
 }
 
+int ck_write_all(int fd, const void *p, size_t n)
+{
+    const char *c = p;
+    while (n) {
+        size_t chunk = n > (1ull << 30) ? (1ull << 30) : n;
+        long w = ck_write(fd, c, chunk);
+        if (w == -EINTR)
+            continue;
+        if (w < 0)
+            return (int)w;
+        if (w == 0)
+            return -EIO;
+        c += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
 long ck_read_file(const char *path, char *buf, size_t cap)
 {
     long fd = ck_open(path, O_RDONLY | O_CLOEXEC, 0);

@@ -49,4 +49,7 @@ int ck_parse_maps(char *text, size_t len, ck_map_cb cb, void *ctx);
  */
 long ck_read_file(const char *path, char *buf, size_t cap);
 
+/* write all n bytes (retrying short writes and EINTR); 0 or -errno */
+int ck_write_all(int fd, const void *p, size_t n);
+
 #endif

@@ -200,3 +200,17 @@ void ck_buf_escaped(struct ck_buf *b, const char *s)
 }
 
 const char *ck_buf_cstr(struct ck_buf *b) { return b->cap ? b->data : ""; }
+
+void ck_buf_error(struct ck_buf *b, const char *what, const char *detail, long rc)
+{
+    ck_buf_str(b, what);
+    if (detail && *detail) {
+        ck_buf_str(b, ": ");
+        ck_buf_str(b, detail);
+    }
+    if (rc < 0) {
+        ck_buf_str(b, " (errno ");
+        ck_buf_i64(b, -rc);
+        ck_buf_str(b, ")");
+    }
+}

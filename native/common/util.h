@@ -43,5 +43,7 @@ void ck_buf_hex(struct ck_buf *b, uint64_t v);
 /* percent-encode tab, newline, '%' and non-printables (shim protocol values) */
 void ck_buf_escaped(struct ck_buf *b, const char *s);
 const char *ck_buf_cstr(struct ck_buf *b);
+/* "what: detail (errno N)": the one shape of every native error message */
+void ck_buf_error(struct ck_buf *b, const char *what, const char *detail, long rc);
 
 #endif

@@ -33,7 +33,9 @@ static void place(int tmp, const struct ck_fd *f)
     long rc = ck_dup3(tmp, f->fd, (f->fd_flags & FD_CLOEXEC) ? O_CLOEXEC : 0);
     if (rc < 0)
         rst_fail("cannot put a descriptor in place", 0, rc);
-    ck_fcntl(f->fd, F_SETFL, (long)(f->open_flags & SETFL_MASK));
+    rc = ck_fcntl(f->fd, F_SETFL, (long)(f->open_flags & SETFL_MASK));
+    if (rc < 0)
+        rst_fail("cannot restore a descriptor's status flags", 0, rc);
 }
 
 /* pipes with both ends inside the process: one kernel pipe per inode */

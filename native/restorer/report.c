@@ -7,16 +7,7 @@ static void emit(const char *level, const char *what, const char *detail, long r
     struct ck_buf b;
     ck_buf_init(&b, line, sizeof(line));
     ck_buf_str(&b, level);
-    ck_buf_str(&b, what);
-    if (detail && *detail) {
-        ck_buf_str(&b, ": ");
-        ck_buf_str(&b, detail);
-    }
-    if (rc < 0) {
-        ck_buf_str(&b, " (errno ");
-        ck_buf_i64(&b, -rc);
-        ck_buf_str(&b, ")");
-    }
+    ck_buf_error(&b, what, detail, rc);
     ck_buf_char(&b, '\n');
     int fd = rst.status_fd >= 0 ? rst.status_fd : 2;
     ck_write(fd, b.data, b.len);

@@ -51,7 +51,8 @@ __attribute__((noreturn)) static void jump_when_told(const struct ck_thread *t)
         d[i].permitted = t->cap_permitted[i];
         d[i].inheritable = t->cap_inheritable[i];
     }
-    ck_capset(&h, d);
+    if (ck_capset(&h, d) < 0)
+        ck_exit_group(1);  /* never run the job with the restorer's privileges */
     rst_jump_ctx(&t->ctx);
 }
 

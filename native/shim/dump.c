@@ -28,16 +28,7 @@ int ck_image_fail(struct ck_image *im, const char *what, const char *detail, lon
 {
     struct ck_buf b;
     ck_buf_init(&b, im->err, im->errcap);
-    ck_buf_str(&b, what);
-    if (detail && *detail) {
-        ck_buf_str(&b, ": ");
-        ck_buf_str(&b, detail);
-    }
-    if (rc < 0) {
-        ck_buf_str(&b, " (errno ");
-        ck_buf_i64(&b, -rc);
-        ck_buf_str(&b, ")");
-    }
+    ck_buf_error(&b, what, detail, rc);
     return -1;
 }
 
@@ -262,23 +253,6 @@ static int dump_threads(struct ck_image *im, struct ck_thread *self)
     return 0;
 }
 
-static int write_all(int fd, const void *p, size_t n)
-{
-    const char *c = p;
-    while (n) {
-        long w = ck_write(fd, c, n);
-        if (w == -EINTR)
-            continue;
-        if (w < 0)
-            return (int)w;
-        if (w == 0)
-            return -EIO;
-        c += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
 static int write_core(struct ck_image *im, uint64_t pages_bytes, uint64_t *core_bytes)
 {
     static struct ck_header h;
@@ -348,13 +322,13 @@ static int write_core(struct ck_image *im, uint64_t pages_bytes, uint64_t *core_
     long fd = ck_openat(im->dirfd, "core.img", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0)
         return ck_image_fail(im, "cannot create core.img", 0, fd);
-    int rc = write_all((int)fd, &h, sizeof(h));
+    int rc = ck_write_all((int)fd, &h, sizeof(h));
     static const char zeros[8];
     for (int i = 0; i < ns && rc == 0; i++) {
-        rc = write_all((int)fd, secs[i].data, secs[i].size);
+        rc = ck_write_all((int)fd, secs[i].data, secs[i].size);
         size_t pad = ((secs[i].size + 7) & ~7ull) - secs[i].size;
         if (rc == 0 && pad)
-            rc = write_all((int)fd, zeros, pad);
+            rc = ck_write_all((int)fd, zeros, pad);
     }
     ck_close((int)fd);
     if (rc < 0)

@@ -189,30 +189,25 @@ static int classify(struct ck_image *im, struct ck_fd *f, const char *target, co
     default:
         break;
     }
-    if (ck_strcmp(target, "anon_inode:[eventfd]") == 0) {
-        char path[64];
-        fd_path(path, sizeof(path), "/proc/self/fdinfo/", fd);
-        long n = ck_read_file(path, info, infocap - 1);
-        if (n < 0)
-            return ck_image_fail(im, "cannot read fdinfo", path, n);
-        info[n] = 0;
+    int is_eventfd = ck_strcmp(target, "anon_inode:[eventfd]") == 0;
+    int is_epoll = ck_strcmp(target, "anon_inode:[eventpoll]") == 0;
+    if (!is_eventfd && !is_epoll)
+        return fail_fd(im, fd, "kind not supported yet", target);
+    char path[64];
+    fd_path(path, sizeof(path), "/proc/self/fdinfo/", fd);
+    long n = ck_read_file(path, info, infocap - 1);
+    if (n < 0)
+        return ck_image_fail(im, "cannot read fdinfo", path, n);
+    info[n] = 0;
+    if (is_eventfd) {
         f->type = CK_FD_EVENTFD;
         f->evcount = fdinfo_value(info, "eventfd-count:", 16);
         if (fdinfo_value(info, "eventfd-semaphore:", 10))
             f->flags |= CK_FDF_EVENTFD_SEMAPHORE;
         return 0;
     }
-    if (ck_strcmp(target, "anon_inode:[eventpoll]") == 0) {
-        char path[64];
-        fd_path(path, sizeof(path), "/proc/self/fdinfo/", fd);
-        long n = ck_read_file(path, info, infocap - 1);
-        if (n < 0)
-            return ck_image_fail(im, "cannot read fdinfo", path, n);
-        info[n] = 0;
-        f->type = CK_FD_EPOLL;
-        return dump_epoll(im, f, info);
-    }
-    return fail_fd(im, fd, "kind not supported yet", target);
+    f->type = CK_FD_EPOLL;
+    return dump_epoll(im, f, info);
 }
 
 /* lowest earlier descriptor sharing this open file description, or -1 */

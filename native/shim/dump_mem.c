@@ -43,7 +43,6 @@ struct ck_page_region {
 #define REGION_VEC 4096
 #define PAGEMAP_CHUNK 65536
 #define BOUNCE_SIZE (1u << 20)
-#define MAX_WRITE (1ull << 30)
 
 struct mem_ctx {
     struct ck_image *im;
@@ -60,28 +59,11 @@ struct mem_ctx {
     uint64_t run_start, run_end;
 };
 
-static int write_all(int fd, const void *p, size_t n)
-{
-    const char *c = p;
-    while (n) {
-        long w = ck_write(fd, c, n > MAX_WRITE ? MAX_WRITE : n);
-        if (w == -EINTR)
-            continue;
-        if (w < 0)
-            return (int)w;
-        if (w == 0)
-            return -EIO;
-        c += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
 /* copy [start, end) of our own memory into pages.img */
 static int copy_range(struct mem_ctx *m, uint64_t start, uint64_t end)
 {
     if (m->vma->prot & PROT_READ)
-        return write_all(m->pages_fd, (const void *)start, end - start);
+        return ck_write_all(m->pages_fd, (const void *)start, end - start);
     /* unreadable mapping (PROT_NONE): /proc/self/mem ignores protections */
     for (uint64_t a = start; a < end;) {
         size_t n = end - a > BOUNCE_SIZE ? BOUNCE_SIZE : end - a;
@@ -90,7 +72,7 @@ static int copy_range(struct mem_ctx *m, uint64_t start, uint64_t end)
             continue;
         if (r <= 0)
             return r < 0 ? (int)r : -EIO;
-        int rc = write_all(m->pages_fd, m->bounce, (size_t)r);
+        int rc = ck_write_all(m->pages_fd, m->bounce, (size_t)r);
         if (rc < 0)
             return rc;
         a += (uint64_t)r;
