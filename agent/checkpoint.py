@@ -16,11 +16,9 @@ unsupported descriptor) is refused with the reason and keeps running.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import re
-import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -34,7 +32,7 @@ from ckptd.image.core import CoreImage
 from ckptd.image.manifest import checksum_entries, list_files
 from ckptd.v1 import ckptd_pb2 as pb
 
-from .runtime import JobRuntime
+from .runtime import JobRuntime, exe_of
 from .shim_link import ShimConnection, ShimError
 
 log = logging.getLogger(__name__)
@@ -80,7 +78,7 @@ class Checkpointer:
             time.sleep(0.05)
         if not pids:
             raise CkptdError(Code.FAILED_PRECONDITION, f"job {job.name} has no live process to checkpoint")
-        exe = _exe(missing[0])
+        exe = exe_of(missing[0]) or "?"
         raise CkptdError(
             Code.FAILED_PRECONDITION,
             f"process {missing[0]} ({exe}) of job {job.name} is not running under the ckptd shim "
@@ -274,18 +272,3 @@ def copy_prefix(src: Path, dst: Path, size: int) -> None:
 
 def _same_fs(a: Any, b: Any) -> bool:
     return os.fstat(a.fileno()).st_dev == os.fstat(b.fileno()).st_dev
-
-
-def remove_tree(path: str) -> None:
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def _exe(pid: int) -> str:
-    try:
-        return os.readlink(f"/proc/{pid}/exe")
-    except OSError:
-        return "?"
-
-
-def dumps_json(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True)

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -234,16 +232,3 @@ class AgentNode:
 
     def manifest_part(self, job: JobRuntime, directory: str) -> dict[str, Any]:
         return self.checkpointer.finalize(job, directory)
-
-
-def wait_for(predicate: Any, timeout: float, interval: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return False
-
-
-def dump_json(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True)

@@ -372,14 +372,14 @@ class JobRuntime:
                     pb.ProcessInfo(
                         pid=conn.pid if conn else ns_pid(pid),
                         host_pid=pid,
-                        exe=conn.exe if conn else _exe(pid),
+                        exe=conn.exe if conn else exe_of(pid),
                         under_shim=conn is not None,
                     )
                 )
         return st
 
 
-def _exe(pid: int) -> str:
+def exe_of(pid: int) -> str:
     try:
         return os.readlink(f"/proc/{pid}/exe")
     except OSError:

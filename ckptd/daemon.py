@@ -18,7 +18,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 from ckptd.errors import CkptdError, Code
 from ckptd.paths import Home, default_node
@@ -182,7 +181,3 @@ def _spawn_local_daemon(home: Home) -> None:
         cwd="/",
     )
     out.close()
-
-
-def daemon_pid_file(home: Home) -> Path:
-    return home.run_dir / "daemon.pid"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -227,11 +226,3 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
     def Shutdown(self, request: pb.Empty, context: grpc.ServicerContext) -> pb.Empty:
         threading.Thread(target=self.on_shutdown, daemon=True).start()
         return pb.Empty()
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except OSError:
-        return False
