@@ -88,41 +88,42 @@ class CheckpointRound:
         tmp = self.catalog.create_tmp(job_dir, ckpt_id)
         timings: dict[str, float] = {}
         parked = False
+        where = f"agent on {node.name}"
+
+        def phase(key: str, text: str, method: Any, request: Any, timeout: float) -> Any:
+            self.set_operation(f"checkpoint {ckpt_id}: {text}")
+            t = time.monotonic()
+            reply = call(method, request, timeout, where)
+            timings[key] = time.monotonic() - t
+            return reply
+
         try:
-            self.set_operation(f"checkpoint {ckpt_id}: quiescing")
-            t = t_pause = time.monotonic()
-            prep = call(
+            t_pause = time.monotonic()
+            prep = phase(
+                "quiesce_s",
+                "quiescing",
                 agent.Prepare,
                 pb.PrepareRequest(job=job, checkpoint_id=ckpt_id, timeout_s=self.timeout_s, dir=str(tmp)),
                 self.timeout_s + 30,
-                f"agent on {node.name}",
             )
             parked = True
-            timings["quiesce_s"] = time.monotonic() - t
-
-            self.set_operation(f"checkpoint {ckpt_id}: writing")
-            t = time.monotonic()
-            dump = call(
+            dump = phase(
+                "dump_s",
+                "writing",
                 agent.Dump,
                 pb.DumpRequest(job=job, checkpoint_id=ckpt_id, dir=str(tmp)),
                 LONG_RPC_S,
-                f"agent on {node.name}",
             )
-            timings["dump_s"] = time.monotonic() - t
-
-            call(agent.Resume, pb.ResumeRequest(job=job, checkpoint_id=ckpt_id), 60, f"agent on {node.name}")
+            call(agent.Resume, pb.ResumeRequest(job=job, checkpoint_id=ckpt_id), 60, where)
             parked = False
             timings["stall_s"] = time.monotonic() - t_pause  # as seen from outside: an upper bound
-
-            self.set_operation(f"checkpoint {ckpt_id}: checksums and fsync")
-            t = time.monotonic()
-            fin = call(
+            fin = phase(
+                "finalize_s",
+                "checksums and fsync",
                 agent.Finalize,
                 pb.FinalizeRequest(job=job, checkpoint_id=ckpt_id, dir=str(tmp)),
                 LONG_RPC_S,
-                f"agent on {node.name}",
             )
-            timings["finalize_s"] = time.monotonic() - t
             part: dict[str, Any] = json.loads(fin.manifest_part_json)
 
             self.set_operation(f"checkpoint {ckpt_id}: committing")
