@@ -174,15 +174,27 @@ class Ckptd:
                 os.kill(pid, signal.SIGKILL)
 
 
-@pytest.fixture
-def ckptd(tmp_path: Path) -> Iterator[Ckptd]:
-    home = tmp_path / "home"
-    home.mkdir()
-    c = Ckptd(home)
+@contextlib.contextmanager
+def ckptd_at(home: Path, user: tuple[int, int] | None = None) -> Iterator[Ckptd]:
+    """A Ckptd whose daemon and jobs are cleaned up afterwards."""
+    c = Ckptd(home, user)
     try:
         yield c
     finally:
         c.cleanup()
+
+
+@pytest.fixture
+def ckptd(tmp_path: Path) -> Iterator[Ckptd]:
+    home = tmp_path / "home"
+    home.mkdir()
+    with ckptd_at(home) as c:
+        yield c
+
+
+@pytest.fixture
+def counter() -> Path:
+    return WORKLOADS / "counter.py"
 
 
 @pytest.fixture

@@ -14,15 +14,6 @@ from pathlib import Path
 import pytest
 from conftest import PYTHON, WORKLOADS, Ckptd, run_plain
 
-COUNTER = """
-import sys, time
-n = int(sys.argv[1])
-for i in range(n):
-    print(f"tick {i}", flush=True)
-    time.sleep(0.05)
-print("finished", flush=True)
-"""
-
 # exit statuses (README, ckptd/errors.py)
 NOT_FOUND, PRECONDITION, CORRUPT, STORAGE = 3, 4, 5, 6
 
@@ -36,11 +27,20 @@ def one_line_error(proc: subprocess.CompletedProcess[str], *words: str) -> str:
     return err
 
 
-@pytest.fixture
-def counter(tmp_path: Path) -> Path:
-    p = tmp_path / "counter.py"
-    p.write_text(COUNTER)
-    return p
+def launch_script(c: Ckptd, tmp_path: Path, job: str, text: str) -> None:
+    """Run a small Python program as a job; return once it ticks."""
+    script = tmp_path / f"{job}.py"
+    script.write_text(text)
+    c.launch(job, [PYTHON, str(script)])
+    c.wait_log(job, r"^tick 3$")
+
+
+def assert_refused(c: Ckptd, job: str, *words: str) -> None:
+    """The checkpoint is refused with the reason, and the job runs on."""
+    p = c.ctl("checkpoint", job, check=False)
+    assert p.returncode == PRECONDITION
+    one_line_error(p, *words)
+    assert c.status(job)["state"] == "running"
 
 
 def test_unknown_job(ckptd: Ckptd) -> None:
@@ -233,11 +233,8 @@ def test_process_that_escaped_the_shim(ckptd: Ckptd, tmp_path: Path) -> None:
     ckptd.launch("esc", [str(exe)])
     ckptd.wait_log("esc", r"^static 3$")
     (pid,) = ckptd.status("esc")["pids"]
-    p = ckptd.ctl("checkpoint", "esc", check=False)
-    assert p.returncode == PRECONDITION
-    one_line_error(p, str(pid), "not running under the ckptd shim")
-    st = ckptd.status("esc")
-    assert st["state"] == "running" and st["processes"][0]["under_shim"] is False
+    assert_refused(ckptd, "esc", str(pid), "not running under the ckptd shim")
+    assert ckptd.status("esc")["processes"][0]["under_shim"] is False
     ckptd.ctl("kill", "esc")
 
 
@@ -251,14 +248,8 @@ for i in range(400):
 
 
 def test_unsupported_descriptor_named(ckptd: Ckptd, tmp_path: Path) -> None:
-    script = tmp_path / "sock.py"
-    script.write_text(SOCKETS)
-    ckptd.launch("sock", [PYTHON, str(script)])
-    ckptd.wait_log("sock", r"^tick 3$")
-    p = ckptd.ctl("checkpoint", "sock", check=False)
-    assert p.returncode == PRECONDITION
-    one_line_error(p, "unsupported file descriptor", "socket")
-    assert ckptd.status("sock")["state"] == "running"
+    launch_script(ckptd, tmp_path, "sock", SOCKETS)
+    assert_refused(ckptd, "sock", "unsupported file descriptor", "socket")
     assert ckptd.ctl_json("list", "sock") == []
     assert ckptd.wait("sock") == 0
     assert ckptd.log("sock").splitlines()[-1] == "tick 399"
@@ -302,14 +293,8 @@ for i in range(400):
 
 
 def test_posix_timers_refused_not_dropped(ckptd: Ckptd, tmp_path: Path) -> None:
-    script = tmp_path / "ptimer.py"
-    script.write_text(POSIX_TIMER)
-    ckptd.launch("ptimer", [PYTHON, str(script)])
-    ckptd.wait_log("ptimer", r"^tick 3$")
-    p = ckptd.ctl("checkpoint", "ptimer", check=False)
-    assert p.returncode == PRECONDITION
-    one_line_error(p, "POSIX timers")
-    assert ckptd.status("ptimer")["state"] == "running"
+    launch_script(ckptd, tmp_path, "ptimer", POSIX_TIMER)
+    assert_refused(ckptd, "ptimer", "POSIX timers")
     ckptd.ctl("kill", "ptimer")
 
 
@@ -326,14 +311,8 @@ child.kill()
 def test_process_tree_refused_for_now(ckptd: Ckptd, tmp_path: Path) -> None:
     """Children run fine under the shim, but this version checkpoints
     single-process jobs only: refused with the pids, the job runs on."""
-    script = tmp_path / "tree.py"
-    script.write_text(CHILD)
-    ckptd.launch("tree", [PYTHON, str(script)])
-    ckptd.wait_log("tree", r"^tick 3$")
+    launch_script(ckptd, tmp_path, "tree", CHILD)
     st = ckptd.status("tree")
     assert len(st["pids"]) == 2 and all(p["under_shim"] for p in st["processes"])
-    p = ckptd.ctl("checkpoint", "tree", check=False)
-    assert p.returncode == PRECONDITION
-    one_line_error(p, "2 processes", "single-process")
-    assert ckptd.status("tree")["state"] == "running"
+    assert_refused(ckptd, "tree", "2 processes", "single-process")
     assert ckptd.wait("tree") == 0

@@ -11,21 +11,6 @@ from pathlib import Path
 import pytest
 from conftest import CKPTCTL, CKPTD, PYTHON, Ckptd, run_plain
 
-COUNTER = """
-import sys, time
-for i in range(int(sys.argv[1])):
-    print(f"tick {i}", flush=True)
-    time.sleep(0.05)
-print("finished", flush=True)
-"""
-
-
-@pytest.fixture
-def counter(tmp_path: Path) -> Path:
-    p = tmp_path / "counter.py"
-    p.write_text(COUNTER)
-    return p
-
 
 def test_foreground_passthrough_and_exit_status(ckptd: Ckptd) -> None:
     p = ckptd.popen_launch("fg", ["sh", "-c", "echo out1; echo err1 >&2; echo out2; exit 3"])

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, WORKLOADS, Ckptd, run_plain
+from conftest import PYTHON, WORKLOADS, Ckptd, ckptd_at, run_plain
 
 NOBODY = (65534, 65534)
 
@@ -40,11 +40,8 @@ def unprivileged(tmp_path: Path) -> Iterator[Ckptd]:
     if os.getuid() != 0:
         home = tmp_path / "home"
         home.mkdir()
-        c = Ckptd(home)
-        try:
+        with ckptd_at(home) as c:
             yield c
-        finally:
-            c.cleanup()
         return
     base = tmp_path / "nobody"
     base.mkdir()
@@ -54,13 +51,9 @@ def unprivileged(tmp_path: Path) -> Iterator[Ckptd]:
     home = base / "home"
     home.mkdir()
     os.chown(home, *NOBODY)
-    c = Ckptd(home, user=NOBODY)
-    c.env["HOME"] = str(base)
-    with reachable_by_others(Path(PYTHON), home):
-        try:
-            yield c
-        finally:
-            c.cleanup()
+    with reachable_by_others(Path(PYTHON), home), ckptd_at(home, user=NOBODY) as c:
+        c.env["HOME"] = str(base)
+        yield c
 
 
 def test_round_trip_without_root(unprivileged: Ckptd, ctimer: str, tmp_path: Path) -> None:
