@@ -9,8 +9,11 @@
               reads or maps, fsync; returned as part of the manifest
     abort     on any failure: RESUME whoever is parked; the job runs on
 
-A job that cannot be checkpointed (a process outside the shim, an
-unsupported descriptor) is refused with the reason and keeps running.
+A job is a process tree: every process is parked before any is dumped,
+and the dump is checked against the restore plan (ckptd/image/plan.py)
+before anything is committed.  A job that cannot be checkpointed (a process
+outside the shim, an unsupported descriptor, a tree that could not be
+rebuilt) is refused with the reason and keeps running.
 """
 
 from __future__ import annotations
@@ -30,15 +33,18 @@ from ckptd.errors import CkptdError, Code
 from ckptd.image.checksum import ALGORITHM, IdentityCache, fsync_path
 from ckptd.image.core import CoreImage
 from ckptd.image.manifest import checksum_entries, list_files
+from ckptd.image.plan import PlanError, plan_for_checkpoint
 from ckptd.v1 import ckptd_pb2 as pb
 
-from .runtime import JobRuntime, exe_of
+from .runtime import JobRuntime, exe_of, ns_pid
 from .shim_link import ShimConnection, ShimError
 
 log = logging.getLogger(__name__)
 
 SHIM_REGISTRATION_WAIT_S = 5.0
 DUMP_TIMEOUT_S = 6 * 3600.0
+MAX_QUIESCE_PASSES = 20
+DUMP_PARALLEL = 8
 
 _ERRNO = re.compile(r"\(errno (\d+)\)")
 
@@ -60,30 +66,59 @@ class Checkpointer:
     def __init__(self, identities: IdentityCache) -> None:
         self.identities = identities
         self._parked: dict[str, list[ShimConnection]] = {}
-        self._dumps: dict[str, list[pb.ProcessDump]] = {}
+        self._dumps: dict[str, tuple[list[pb.ProcessDump], dict[str, Any]]] = {}
 
     # ---- prepare ----
 
-    def _shims_for(self, job: JobRuntime) -> list[ShimConnection]:
+    def _shims_for(self, job: JobRuntime, known: set[int]) -> list[ShimConnection]:
+        """Connections of the job's live processes not in `known` (host pids);
+        a process still without a connection after a few seconds escaped the shim."""
         deadline = time.monotonic() + SHIM_REGISTRATION_WAIT_S
         while True:
-            pids = job.live_pids()
+            pids = [p for p in job.live_pids() if p not in known]
             with job.cond:
                 missing = [p for p in pids if p not in job.shims]
                 conns = [job.shims[p] for p in pids if p in job.shims]
-            if pids and not missing:
+            if not missing:
                 return conns
             if time.monotonic() > deadline:
                 break
             time.sleep(0.05)
-        if not pids:
-            raise CkptdError(Code.FAILED_PRECONDITION, f"job {job.name} has no live process to checkpoint")
-        exe = exe_of(missing[0]) or "?"
+        pid = missing[0]
+        exe = exe_of(pid) or "?"
         raise CkptdError(
             Code.FAILED_PRECONDITION,
-            f"process {missing[0]} ({exe}) of job {job.name} is not running under the ckptd shim "
-            "(a static or setuid program, or LD_PRELOAD removed); it cannot be checkpointed",
+            f"process {pid} (pid {ns_pid(pid)} in the job, {exe}) of job {job.name} is not running under the "
+            "ckptd shim (a static or setuid program, or LD_PRELOAD removed); it cannot be checkpointed",
         )
+
+    def _quiesce_tree(self, job: JobRuntime, timeout_s: float) -> tuple[list[ShimConnection], int]:
+        """Park every process of the job.  A process that forks while others are
+        being parked adds one more: repeat until a pass finds nobody new."""
+        parked: list[ShimConnection] = []
+        threads = 0
+        try:
+            for _ in range(MAX_QUIESCE_PASSES):
+                new = self._shims_for(job, {c.host_pid for c in parked})
+                if not new:
+                    if not parked:
+                        raise CkptdError(Code.FAILED_PRECONDITION, f"job {job.name} has no live process to checkpoint")
+                    return parked, threads
+                for conn in new:
+                    try:
+                        reply = conn.request("QUIESCE", timeout=timeout_s + 5, timeout_ms=int(timeout_s * 1000))
+                    except ShimError:
+                        if conn.closed.is_set() or not psutil.pid_exists(conn.host_pid):
+                            continue  # exited (or exec'd) meanwhile: the next pass sees what is left
+                        raise
+                    parked.append(conn)
+                    threads += reply.int("threads")
+            raise CkptdError(
+                Code.ABORTED, f"job {job.name} keeps creating processes faster than they can be paused; retry"
+            )
+        except CkptdError:
+            self._release(parked, "ABORT")
+            raise
 
     def prepare(self, job: JobRuntime, ckpt_id: int, timeout_s: float, directory: str) -> pb.PrepareResponse:
         with job.cond:
@@ -91,27 +126,13 @@ class Checkpointer:
                 raise CkptdError(Code.FAILED_PRECONDITION, f"job {job.name} is {job.state}, not running")
             if job.name in self._parked:
                 raise CkptdError(Code.ABORTED, f"a checkpoint of job {job.name} is already in progress")
-        conns = self._shims_for(job)
-        if len(conns) > 1:
-            pids = ", ".join(str(c.host_pid) for c in conns)
-            raise CkptdError(
-                Code.FAILED_PRECONDITION,
-                f"job {job.name} has {len(conns)} processes ({pids}); this version checkpoints "
-                "single-process jobs only (process trees come with the process-tree support)",
-            )
         self._check_space(job, directory)
         with job.cond:
             job.state = "checkpointing"
             job.operation = f"checkpoint {ckpt_id}: quiescing"
-        parked: list[ShimConnection] = []
         try:
-            threads = 0
-            for conn in conns:
-                reply = conn.request("QUIESCE", timeout=timeout_s + 5, timeout_ms=int(timeout_s * 1000))
-                parked.append(conn)
-                threads += reply.int("threads")
+            parked, threads = self._quiesce_tree(job, timeout_s)
         except CkptdError:
-            self._release(parked, "ABORT")
             self._back_to_running(job)
             raise
         self._parked[job.name] = parked
@@ -138,41 +159,59 @@ class Checkpointer:
 
     # ---- dump ----
 
+    def _dump_one(self, conn: ShimConnection, directory: str) -> pb.ProcessDump:
+        pdir = Path(directory) / f"proc-{conn.pid}"
+        try:
+            pdir.mkdir(parents=True, exist_ok=False)
+        except OSError as e:
+            raise _storage_error(f"{e.strerror} (errno {e.errno})", directory) from e
+        t0 = time.monotonic()
+        try:
+            reply = conn.request("DUMP", timeout=DUMP_TIMEOUT_S, dir=str(pdir))
+        except ShimError as e:
+            raise _storage_error(f"pid {conn.pid} in the job ({conn.exe}): {e.message}", directory) from None
+        return pb.ProcessDump(
+            pid=conn.pid,
+            host_pid=conn.host_pid,
+            dir=pdir.name,
+            pages_bytes=reply.int("pages_bytes"),
+            core_bytes=reply.int("core_bytes"),
+            files_bytes=reply.int("files_bytes"),
+            threads=reply.int("threads"),
+            vmas=reply.int("vmas"),
+            fds=reply.int("fds"),
+            written_files=reply.int("files"),
+            dump_s=time.monotonic() - t0,
+            exe=conn.exe,
+        )
+
     def dump(self, job: JobRuntime, ckpt_id: int, directory: str) -> pb.DumpResponse:
         conns = self._parked.get(job.name)
         if not conns:
             raise CkptdError(Code.FAILED_PRECONDITION, f"job {job.name} is not quiesced (prepare first)")
         with job.cond:
             job.operation = f"checkpoint {ckpt_id}: writing"
-        resp = pb.DumpResponse()
-        for conn in conns:
-            pdir = Path(directory) / f"proc-{conn.pid}"
-            try:
-                pdir.mkdir(parents=True, exist_ok=False)
-            except OSError as e:
-                raise _storage_error(f"{e.strerror} (errno {e.errno})", directory) from e
-            t0 = time.monotonic()
-            try:
-                reply = conn.request("DUMP", timeout=DUMP_TIMEOUT_S, dir=str(pdir))
-            except ShimError as e:
-                raise _storage_error(e.message, directory) from None
-            resp.processes.append(
-                pb.ProcessDump(
-                    pid=conn.pid,
-                    host_pid=conn.host_pid,
-                    dir=pdir.name,
-                    pages_bytes=reply.int("pages_bytes"),
-                    core_bytes=reply.int("core_bytes"),
-                    files_bytes=reply.int("files_bytes"),
-                    threads=reply.int("threads"),
-                    vmas=reply.int("vmas"),
-                    fds=reply.int("fds"),
-                    written_files=reply.int("files"),
-                    dump_s=time.monotonic() - t0,
-                    exe=conn.exe,
-                )
-            )
-        resp.log_bytes, resp.index_bytes = job.drain_output()
+        # every process is parked: they write their images side by side
+        with ThreadPoolExecutor(max_workers=min(len(conns), DUMP_PARALLEL)) as pool:
+            futures = [pool.submit(self._dump_one, conn, directory) for conn in conns]
+            errors = [f.exception() for f in futures if f.exception() is not None]
+            if errors:
+                raise errors[0]  # type: ignore[misc]
+            resp = pb.DumpResponse(processes=[f.result() for f in futures])
+        relay = job.drain_output()
+        resp.log_bytes, resp.index_bytes = relay["log"], relay["index"]
+        zombies = job.zombies()
+        tree = {
+            "zombies": [{k: v for k, v in z.items() if k != "host_pid"} for z in zombies],
+            "stdout_ino": relay.get("stdout_ino", 0),
+            "stderr_ino": relay.get("stderr_ino", 0),
+        }
+        # a tree that could not be rebuilt is refused now, while the job can still run on
+        procs = [{"dir": pd.dir} for pd in resp.processes]
+        try:
+            plan_for_checkpoint(Path(directory), dict(tree, processes=procs))
+        except PlanError as e:
+            raise CkptdError(Code.FAILED_PRECONDITION, f"cannot checkpoint job {job.name}: {e.message}") from None
         # the log as it stands now, so that a restart from this checkpoint
         # recovers it even after a restart from an earlier one cut it back
         try:
@@ -180,7 +219,7 @@ class Checkpointer:
             copy_prefix(job.job_dir.index, Path(directory) / "output.idx", resp.index_bytes)
         except OSError as e:
             raise _storage_error(f"cannot save the job's log: {e.strerror} (errno {e.errno})", directory) from e
-        self._dumps[job.name] = list(resp.processes)
+        self._dumps[job.name] = (list(resp.processes), tree)
         return resp
 
     # ---- resume / abort ----
@@ -212,14 +251,20 @@ class Checkpointer:
 
     def finalize(self, job: JobRuntime, directory: str) -> dict[str, Any]:
         d = Path(directory)
-        dumps = self._dumps.pop(job.name, [])
-        processes, written, read, mapped = [], [], [], []
+        dumps, tree = self._dumps.pop(job.name, ([], {}))
+        processes: list[dict[str, Any]] = []
+        written: dict[str, dict[str, Any]] = {}
+        read: dict[str, dict[str, Any]] = {}
+        mapped: dict[str, dict[str, Any]] = {}
         for pd in dumps:
             core = CoreImage.load(d / pd.dir / "core.img")
             summary = core.summary()
             processes.append(
                 {
                     "pid": pd.pid,
+                    "ppid": int(core.proc.ppid),
+                    "pgid": int(core.proc.pgid),
+                    "sid": int(core.proc.sid),
                     "host_pid": pd.host_pid,
                     "dir": pd.dir,
                     "exe": summary["exe"],
@@ -233,12 +278,26 @@ class Checkpointer:
                     "dump_s": round(pd.dump_s, 6),
                 }
             )
+            # several processes may hold the same file: the first copy
+            # serves (every process was parked, so the copies are the same)
             for wf in core.written_files():
-                written.append(dict(wf, data=f"{pd.dir}/files/{wf['index']}.data"))
+                written.setdefault(wf["path"], dict(wf, data=f"{pd.dir}/files/{wf['index']}.data"))
             for rf in core.read_files():
-                read.append(dict(rf, **{ALGORITHM: self.identities.content_hash(rf["path"])}))
+                read.setdefault(rf["path"], rf)
             for mf in core.mapped_files():
-                mapped.append(dict(mf, **{ALGORITHM: self.identities.content_hash(mf["path"])}))
+                if mf["path"] in mapped:
+                    mapped[mf["path"]]["executable"] |= mf["executable"]
+                else:
+                    mapped[mf["path"]] = mf
+        # a file the job writes comes back from its saved copy: no identity to check
+        read_entries = [
+            dict(e, **{ALGORITHM: self.identities.content_hash(path)}) for path, e in read.items() if path not in written
+        ]
+        mapped_entries = [
+            dict(e, **{ALGORITHM: self.identities.content_hash(path)})
+            for path, e in mapped.items()
+            if path not in written
+        ]
         files = checksum_entries(d)
         # durable before the coordinator commits: data, then directories
         with ThreadPoolExecutor(max_workers=4) as pool:
@@ -248,9 +307,10 @@ class Checkpointer:
         fsync_path(d)
         return {
             "processes": processes,
-            "written_files": written,
-            "read_files": read,
-            "mapped_files": mapped,
+            **tree,
+            "written_files": list(written.values()),
+            "read_files": read_entries,
+            "mapped_files": mapped_entries,
             "files": files,
         }
 

@@ -126,8 +126,10 @@ class AgentNode:
         with job.cond:
             job.shims[conn.host_pid] = conn
             job.cond.notify_all()
-        self._on_change(job)
-        log.info(
+        # no event for the coordinator: a job that forks hundreds of short-lived
+        # children a second would keep the agent busy reporting them (pids are
+        # read live by GetJob)
+        log.debug(
             "job %s: process %d (pid %d in the job) registered%s",
             job.name,
             conn.host_pid,
@@ -214,9 +216,16 @@ class AgentNode:
                 f"job {spec.name} is still running on {self.node} (pids {job.live_pids()}); "
                 "use --force to kill it first",
             )
-        manifest = verify_checkpoint(spec.name, checkpoint, allow_changed, self.identities)
+        verified = verify_checkpoint(spec.name, checkpoint, allow_changed, self.identities)
         job = self._track(spec)
-        restore_job(self.home, job, checkpoint, manifest)
+        try:
+            restore_job(self.home, job, verified)
+        except CkptdError as e:
+            with job.cond:
+                if job.incarnation is None:  # failed before anything was started
+                    job.state, job.message = "failed", f"restart failed: {e.message}"
+            self._on_change(job)
+            raise
         self._on_change(job)
         return job
 

@@ -11,23 +11,31 @@ then the job's world is rolled back to the checkpoint:
   4. the job's log is cut back to its size at the checkpoint, so the output
      the lost run produced after it is not duplicated;
 and finally:
-  5. ckptd-init starts ckptd-restore as pid 2 in a fresh pid namespace; the
-     restored shim reconnects (HELLO restored=1) and is told to RESUME.
+  5. the restore plan (ckptd/image/plan.py) is written: the shared objects
+     (pipes, sockets, shared memory) and the process tree;
+  6. ckptd-init starts `ckptd-restore --build PLAN` as pid 2 in a fresh pid
+     namespace; it creates the shared objects, forks the tree with the old
+     pids, and every process rebuilds itself from its image;
+  7. once every process's restored shim has reconnected (HELLO restored=1),
+     all of them are told to RESUME together.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ckptd.errors import CkptdError, Code
 from ckptd.image.checksum import ALGORITHM, IdentityCache, hash_file
 from ckptd.image.manifest import load_manifest, verify_files
+from ckptd.image.plan import PlanError, plan_for_checkpoint
 from ckptd.native import restorer_binary
 from ckptd.paths import Home
 
@@ -86,7 +94,13 @@ def _copy_into(src: Path, dst: Path, size: int) -> None:
         with open(src, "rb") as f:
             left = size
             while left:
-                n = os.copy_file_range(f.fileno(), fd_out, left)
+                try:
+                    n = os.copy_file_range(f.fileno(), fd_out, left)
+                except OSError as e:
+                    if e.errno not in (errno.EXDEV, errno.EINVAL, errno.EOPNOTSUPP):
+                        raise
+                    # across filesystems (tmpfs /dev/shm, say) on older kernels: plain copy
+                    n = os.write(fd_out, f.read(min(left, 1 << 20)))
                 if n <= 0:
                     raise CkptdError(Code.DATA_LOSS, f"saved copy of {dst} is shorter than recorded")
                 left -= n
@@ -151,22 +165,36 @@ def _prefix_equal(a: Path, b: Path, size: int) -> bool:
     return True
 
 
-def verify_checkpoint(job: str, checkpoint: Path, allow_changed: bool, identities: IdentityCache) -> dict[str, Any]:
-    """Steps 1-2: prove the checkpoint whole and this node able to take it.
-    Touches nothing, so a refusal here leaves the job exactly as it was."""
+@dataclass
+class VerifiedCheckpoint:
+    """A checkpoint proven whole, and the plan that rebuilds its process tree."""
+
+    path: Path
+    manifest: dict[str, Any]
+    plan: str
+
+
+def verify_checkpoint(job: str, checkpoint: Path, allow_changed: bool, identities: IdentityCache) -> VerifiedCheckpoint:
+    """Steps 1-2 (and the plan, 5): prove the checkpoint whole and this node
+    able to take it.  Touches nothing, so a refusal here leaves the job
+    exactly as it was."""
     manifest = load_manifest(checkpoint)
     if manifest.get("job") != job:
         raise CkptdError(Code.INVALID_ARGUMENT, f"{checkpoint} belongs to job {manifest.get('job')}, not {job}")
-    procs = manifest.get("processes", [])
-    if len(procs) != 1:
-        raise CkptdError(Code.FAILED_PRECONDITION, f"{checkpoint.name} holds {len(procs)} processes; cannot restore")
+    if not manifest.get("processes"):
+        raise CkptdError(Code.DATA_LOSS, f"{checkpoint.name} holds no process; cannot restore")
     verify_files(checkpoint, manifest)
     check_identities(manifest, allow_changed, identities)
-    return manifest
+    try:
+        plan = plan_for_checkpoint(checkpoint, manifest)
+    except PlanError as e:
+        raise CkptdError(Code.FAILED_PRECONDITION, f"cannot restore {checkpoint.name}: {e.message}") from None
+    return VerifiedCheckpoint(checkpoint, manifest, plan)
 
 
-def restore_job(home: Home, job: JobRuntime, checkpoint: Path, manifest: dict[str, Any]) -> None:
-    """Steps 3-5, on a verified checkpoint."""
+def restore_job(home: Home, job: JobRuntime, verified: VerifiedCheckpoint) -> None:
+    """Steps 3-7, on a verified checkpoint."""
+    checkpoint, manifest = verified.path, verified.manifest
     procs = manifest["processes"]
     with job.cond:
         job.operation = f"restart from {checkpoint.name}: rolling back files"
@@ -174,13 +202,16 @@ def restore_job(home: Home, job: JobRuntime, checkpoint: Path, manifest: dict[st
     put_back_log(checkpoint / "output.log", job.job_dir.log)
     put_back_log(checkpoint / "output.idx", job.job_dir.index)
 
-    proc = procs[0]
+    plan = job.home.agent_dir(job.node) / "jobs" / job.name / f"plan-{checkpoint.name}.txt"
+    plan.parent.mkdir(parents=True, exist_ok=True)
+    plan.write_text(verified.plan)
     inc = job.spawn(
         [
             str(restorer_binary()),
-            str(checkpoint / proc["dir"]),
-            "--status-file",
-            "{runtime_dir}/restore.status",
+            "--build",
+            str(plan),
+            "--status-dir",
+            "{runtime_dir}",
             "--agent-socket",
             str(home.shim_socket(job.node)),
             "--checkpoint",
@@ -189,21 +220,18 @@ def restore_job(home: Home, job: JobRuntime, checkpoint: Path, manifest: dict[st
         restore=True,
         restored_from=checkpoint.name,
     )
-    status_file = Path(inc.runtime_dir) / "restore.status"
     with job.cond:
-        job.operation = f"restart from {checkpoint.name}: rebuilding the process"
+        job.operation = f"restart from {checkpoint.name}: rebuilding {len(procs)} process(es)"
     pages = sum(int(p.get("pages_bytes", 0)) for p in procs)
     deadline = time.monotonic() + RESTORE_BASE_TIMEOUT_S + pages / RESTORE_MIN_BANDWIDTH
-    conn = _wait_restored(job, inc.generation, int(proc["pid"]), deadline)
-    if conn is None:
-        reason = ""
-        with contextlib.suppress(OSError):
-            reason = status_file.read_text().strip()
-        if not reason:
-            reason = job.message or "the restorer did not report back in time"
+    conns = _wait_restored(job, inc.generation, {int(p["pid"]) for p in procs}, deadline)
+    if conns is None:
+        reason = _restore_failure(Path(inc.runtime_dir)) or job.message or "the restorer did not report back in time"
         job.kill()
         raise CkptdError(Code.FAILED_PRECONDITION, f"restart of job {job.name} from {checkpoint.name} failed: {reason}")
-    conn.request("RESUME", timeout=30)
+    # every process is rebuilt and parked: they run again together
+    for conn in conns:
+        conn.request("RESUME", timeout=30)
     with job.cond:
         job.state = "running"
         job.message = f"restored from {checkpoint.name}"
@@ -211,12 +239,25 @@ def restore_job(home: Home, job: JobRuntime, checkpoint: Path, manifest: dict[st
         job.cond.notify_all()
 
 
-def _wait_restored(job: JobRuntime, generation: int, pid: int, deadline: float) -> ShimConnection | None:
+def _restore_failure(runtime_dir: Path) -> str:
+    """What the restorers wrote to their status files (empty ones succeeded)."""
+    reasons = []
+    for f in sorted(runtime_dir.glob("restore-*.status")):
+        with contextlib.suppress(OSError):
+            text = f.read_text(errors="replace").strip()
+            if text:
+                who = f.stem.removeprefix("restore-")
+                reasons.append(text if who == "build" else f"pid {who}: {text}")
+    return "; ".join(reasons)
+
+
+def _wait_restored(job: JobRuntime, generation: int, pids: set[int], deadline: float) -> list[ShimConnection] | None:
+    """The restored shims of every process in `pids` (ids in the job), or None."""
     with job.cond:
         while True:
-            for conn in job.shims.values():
-                if conn.restored and conn.pid == pid:
-                    return conn
+            found = {c.pid: c for c in job.shims.values() if c.restored and c.pid in pids}
+            if len(found) == len(pids):
+                return [found[p] for p in sorted(pids)]
             if job.generation != generation or job.state not in ("restoring",):
                 return None
             left = deadline - time.monotonic()

@@ -139,6 +139,39 @@ class JobRuntime:
                     pids.append(c.pid)
         return sorted(pids)
 
+    def zombies(self) -> list[dict[str, int]]:
+        """The job's exited-but-unreaped children, with their ids inside the job
+        and their wait status, so that a restore recreates them."""
+        init = self._init_process()
+        if not init:
+            return []
+        out = []
+        try:
+            reapers = {c.pid for c in init.children()}
+            children = init.children(recursive=True)
+        except psutil.Error:
+            return []
+        for c in children:
+            if c.pid in reapers:
+                continue
+            with contextlib.suppress(psutil.Error, OSError, ValueError, IndexError):
+                if c.status() != psutil.STATUS_ZOMBIE:
+                    continue
+                fields = Path(f"/proc/{c.pid}/stat").read_text().rsplit(")", 1)[1].split()
+                # after ")": state ppid pgrp session ... exit_code is field 52 (index 49 here)
+                ppid, pgrp, session = (int(x) for x in fields[1:4])
+                out.append(
+                    {
+                        "pid": ns_pid(c.pid),
+                        "ppid": ns_pid(ppid),
+                        "pgid": ns_pid(pgrp) or 0,
+                        "sid": ns_pid(session) or 0,
+                        "wstatus": int(fields[49]),
+                        "host_pid": c.pid,
+                    }
+                )
+        return out
+
     def alive(self) -> bool:
         return self._init_process() is not None and self.state in RUNNING_STATES
 
@@ -327,8 +360,11 @@ class JobRuntime:
 
     # ---- the relay ----
 
-    def drain_output(self) -> tuple[int, int]:
-        """Ask the relay to flush the job's pipes into the log; returns (log, index) sizes."""
+    def drain_output(self) -> dict[str, int]:
+        """Ask the relay to flush the job's pipes into the log.
+
+        Returns the log and index sizes ("log", "index") and the inodes of the
+        job's stdout and stderr pipes ("stdout_ino", "stderr_ino")."""
         inc = self.incarnation
         if not inc:
             raise CkptdError(Code.FAILED_PRECONDITION, f"job {self.name} is not running")
@@ -343,7 +379,7 @@ class JobRuntime:
         fields = dict(part.split("=", 1) for part in reply.split()[1:] if "=" in part)
         if not reply.startswith("OK"):
             raise CkptdError(Code.INTERNAL, f"output relay of job {self.name}: {reply.strip()}")
-        return int(fields["log"]), int(fields["index"])
+        return {k: int(v) for k, v in fields.items()}
 
     # ---- reporting ----
 

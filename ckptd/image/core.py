@@ -99,7 +99,11 @@ class CoreImage:
             raise CkptdError(Code.DATA_LOSS, f"{path} is truncated")
         header = f.from_buffer("struct ck_header *", data)
         if header.magic != constant("CK_CORE_MAGIC") or header.version != constant("CK_CORE_VERSION"):
-            raise CkptdError(Code.DATA_LOSS, f"{path} is not a version-1 ckptd core image")
+            raise CkptdError(
+                Code.DATA_LOSS,
+                f"{path} is not a version-{constant('CK_CORE_VERSION')} ckptd core image "
+                "(written by another ckptd version?)",
+            )
         if header.file_size != len(data):
             raise CkptdError(Code.DATA_LOSS, f"{path} has the wrong size (truncated?)")
         by_type = {}
@@ -126,6 +130,14 @@ class CoreImage:
         if not records["proc"]:
             raise CkptdError(Code.DATA_LOSS, f"{path} has no process record")
         return cls(path=path, data=data, header=header, records=records, blobs=blobs)
+
+    def blob_file_offset(self) -> int:
+        """Where the BLOB section starts in core.img (queued pipe and socket data)."""
+        for i in range(min(self.header.nsections, constant("CK_MAX_SECTIONS"))):
+            s = self.header.sections[i]
+            if s.type == constant("CK_SEC_BLOB"):
+                return int(s.offset)
+        return 0
 
     # ---- views used by the agent and `ckptctl inspect` ----
 
@@ -195,6 +207,8 @@ def _fd_type_name(t: int) -> str:
         "CK_FD_EPOLL": "epoll",
         "CK_FD_STDIO": "stdio (reconnected to the log)",
         "CK_FD_DUP": "dup",
+        "CK_FD_UNIX": "unix socket",
+        "CK_FD_SHMEM": "shared memory",
     }
     for const, name in names.items():
         if constant(const) == t:

@@ -14,7 +14,7 @@ static uint32_t parse_vmflags(const char *s)
         {"nh", CK_VMF_NOHUGEPAGE}, {"dc", CK_VMF_DONTCOPY}, {"wf", CK_VMF_WIPEONFORK},
         {"dd", CK_VMF_DONTDUMP}, {"mg", CK_VMF_MERGEABLE}, {"rr", CK_VMF_RANDOM},
         {"sr", CK_VMF_SEQ}, {"lo", CK_VMF_LOCKED}, {"io", CK_VMF_IO},
-        {"pf", CK_VMF_PFNMAP}, {"ss", CK_VMF_SHADOWSTACK},
+        {"pf", CK_VMF_PFNMAP}, {"ss", CK_VMF_SHADOWSTACK}, {"mw", CK_VMF_MAYWRITE},
     };
     uint32_t flags = 0;
     while (*s && *s != '\n') {

@@ -24,6 +24,7 @@
 #define CK_VMF_IO 0x800        /* io */
 #define CK_VMF_PFNMAP 0x1000   /* pf */
 #define CK_VMF_SHADOWSTACK 0x2000 /* ss */
+#define CK_VMF_MAYWRITE 0x4000 /* mw */
 
 struct ck_map_entry {
     uint64_t start;

@@ -101,6 +101,12 @@ CK_ALWAYS_INLINE long ck_readlink(const char *path, char *buf, size_t n) { retur
 CK_ALWAYS_INLINE long ck_getdents64(int fd, void *buf, size_t n) { return ck_sc3(SYS_getdents64, fd, buf, n); }
 CK_ALWAYS_INLINE long ck_ioctl(int fd, unsigned long req, void *arg) { return ck_sc3(SYS_ioctl, fd, req, arg); }
 CK_ALWAYS_INLINE long ck_ftruncate(int fd, int64_t len) { return ck_sc2(SYS_ftruncate, fd, len); }
+CK_ALWAYS_INLINE long ck_pwrite(int fd, const void *buf, size_t n, int64_t off) { return ck_sc4(SYS_pwrite64, fd, buf, n, off); }
+CK_ALWAYS_INLINE long ck_memfd_create(const char *name, unsigned flags) { return ck_sc2(SYS_memfd_create, name, flags); }
+CK_ALWAYS_INLINE long ck_unlink(const char *path) { return ck_sc3(SYS_unlinkat, AT_FDCWD, path, 0); }
+CK_ALWAYS_INLINE long ck_mknod(const char *path, int mode, unsigned dev) { return ck_sc4(SYS_mknodat, AT_FDCWD, path, mode, dev); }
+CK_ALWAYS_INLINE long ck_fstatfs(int fd, void *buf) { return ck_sc2(SYS_fstatfs, fd, buf); }
+CK_ALWAYS_INLINE long ck_mincore(void *addr, size_t len, unsigned char *vec) { return ck_sc3(SYS_mincore, addr, len, vec); }
 CK_ALWAYS_INLINE long ck_fsync(int fd) { return ck_sc1(SYS_fsync, fd); }
 CK_ALWAYS_INLINE long ck_mkdir(const char *path, int mode) { return ck_sc3(SYS_mkdirat, AT_FDCWD, path, mode); }
 CK_ALWAYS_INLINE long ck_chdir(const char *path) { return ck_sc1(SYS_chdir, path); }
@@ -176,6 +182,18 @@ CK_ALWAYS_INLINE long ck_nanosleep_ms(long ms)
     return ck_sc2(SYS_nanosleep, &ts, 0);
 }
 CK_ALWAYS_INLINE long ck_sched_yield(void) { return ck_sc0(SYS_sched_yield); }
+CK_ALWAYS_INLINE long ck_setsid(void) { return ck_sc0(SYS_setsid); }
+CK_ALWAYS_INLINE long ck_setpgid(int pid, int pgid) { return ck_sc2(SYS_setpgid, pid, pgid); }
+CK_ALWAYS_INLINE long ck_kill(int pid, int sig) { return ck_sc2(SYS_kill, pid, sig); }
+CK_ALWAYS_INLINE long ck_clone3(void *args, size_t size) { return ck_sc2(SYS_clone3, args, size); }
+CK_ALWAYS_INLINE long ck_execve(const char *path, char *const argv[], char *const envp[])
+{
+    return ck_sc3(SYS_execve, path, argv, envp);
+}
+CK_ALWAYS_INLINE long ck_rt_sigtimedwait(const uint64_t *set, void *info, const struct timespec *ts)
+{
+    return ck_sc4(SYS_rt_sigtimedwait, set, info, ts, 8);
+}
 __attribute__((noreturn)) CK_ALWAYS_INLINE void ck_exit_group(int code)
 {
     for (;;)
@@ -190,6 +208,23 @@ __attribute__((noreturn)) CK_ALWAYS_INLINE void ck_exit_thread(int code)
 /* sockets */
 CK_ALWAYS_INLINE long ck_socket(int dom, int type, int proto) { return ck_sc3(SYS_socket, dom, type, proto); }
 CK_ALWAYS_INLINE long ck_connect(int fd, const void *addr, unsigned len) { return ck_sc3(SYS_connect, fd, addr, len); }
+CK_ALWAYS_INLINE long ck_socketpair(int dom, int type, int proto, int sv[2]) { return ck_sc4(SYS_socketpair, dom, type, proto, sv); }
+CK_ALWAYS_INLINE long ck_bind(int fd, const void *addr, unsigned len) { return ck_sc3(SYS_bind, fd, addr, len); }
+CK_ALWAYS_INLINE long ck_listen(int fd, int backlog) { return ck_sc2(SYS_listen, fd, backlog); }
+CK_ALWAYS_INLINE long ck_shutdown(int fd, int how) { return ck_sc2(SYS_shutdown, fd, how); }
+CK_ALWAYS_INLINE long ck_sendto(int fd, const void *buf, size_t n, int flags, const void *addr, unsigned alen)
+{
+    return ck_sc6(SYS_sendto, fd, (long)buf, (long)n, flags, (long)addr, alen);
+}
+CK_ALWAYS_INLINE long ck_recvmsg(int fd, void *msg, int flags) { return ck_sc3(SYS_recvmsg, fd, msg, flags); }
+CK_ALWAYS_INLINE long ck_getsockopt(int fd, int level, int name, void *val, unsigned *len)
+{
+    return ck_sc5(SYS_getsockopt, fd, level, name, val, len);
+}
+CK_ALWAYS_INLINE long ck_setsockopt(int fd, int level, int name, const void *val, unsigned len)
+{
+    return ck_sc5(SYS_setsockopt, fd, level, name, val, len);
+}
 
 CK_ALWAYS_INLINE int64_t ck_now_ns(int clk)
 {

@@ -230,6 +230,7 @@ struct relay {
     int log_fd, index_fd;
     uint64_t log_size, index_size;
     int pipes[2];     /* read ends: stdout, stderr; -1 at EOF */
+    uint64_t pipe_ino[2];  /* their inodes: how a checkpoint recognises them in the job */
 };
 
 static void relay_chunk(struct relay *r, int stream, const char *buf, size_t n)
@@ -274,8 +275,9 @@ static void answer_control(struct relay *r, int client)
                 relay_pipe(r, i);
         fdatasync(r->log_fd);
         fdatasync(r->index_fd);
-        snprintf(reply, sizeof(reply), "OK log=%llu index=%llu\n",
-                 (unsigned long long)r->log_size, (unsigned long long)r->index_size);
+        snprintf(reply, sizeof(reply), "OK log=%llu index=%llu stdout_ino=%llu stderr_ino=%llu\n",
+                 (unsigned long long)r->log_size, (unsigned long long)r->index_size,
+                 (unsigned long long)r->pipe_ino[0], (unsigned long long)r->pipe_ino[1]);
     } else if (!strncmp(req, "PING", 4)) {
         snprintf(reply, sizeof(reply), "PONG\n");
     } else {
@@ -360,6 +362,12 @@ int main(int argc, char **argv)
     close(st[1]);
     r.pipes[0] = out[0];
     r.pipes[1] = err[0];
+    for (int i = 0; i < 2; i++) {
+        struct stat pst;
+        if (fstat(r.pipes[i], &pst) < 0)
+            die("fstat");
+        r.pipe_ino[i] = (uint64_t)pst.st_ino;
+    }
     fcntl(out[0], F_SETFL, O_NONBLOCK);
     fcntl(err[0], F_SETFL, O_NONBLOCK);
 

@@ -38,51 +38,34 @@ static void place(int tmp, const struct ck_fd *f)
         rst_fail("cannot restore a descriptor's status flags", 0, rc);
 }
 
-/* pipes with both ends inside the process: one kernel pipe per inode */
-struct made_pipe {
-    uint64_t ino;
-    int rfd, wfd;
-};
-
-static struct made_pipe *pipe_for(const struct rst_image *im, struct made_pipe *pipes, int *npipes, uint64_t ino)
+/* the job's stdin/stdout/stderr when what they pointed at is outside the
+ * job (a terminal, the old relay): the log through the new relay's pipes */
+static int stdio_fd(const struct ck_fd *f)
 {
-    for (int i = 0; i < *npipes; i++)
-        if (pipes[i].ino == ino)
-            return &pipes[i];
-    int p[2];
-    long rc = ck_pipe2(p, O_CLOEXEC);
-    if (rc < 0)
-        rst_fail("cannot create a pipe", 0, rc);
-    struct made_pipe *mp = &pipes[(*npipes)++];
-    mp->ino = ino;
-    mp->rfd = scratch_fd(p[0], "pipe", 0);
-    mp->wfd = scratch_fd(p[1], "pipe", 0);
-    /* size first, then the bytes that were in flight */
-    for (uint32_t i = 0; i < im->nfds; i++) {
-        const struct ck_fd *f = &im->fds[i];
-        if (f->type != CK_FD_PIPE || f->ino != ino)
-            continue;
-        if (f->pipe_size)
-            ck_fcntl(mp->wfd, F_SETPIPE_SZ, (long)f->pipe_size);
-        if (f->data_len) {
-            uint64_t done = 0;
-            while (done < f->data_len) {
-                long n = ck_write(mp->wfd, im->blob + f->data_off + done, f->data_len - done);
-                if (n <= 0)
-                    rst_fail("cannot refill a pipe", 0, n);
-                done += (uint64_t)n;
-            }
-        }
+    if (f->fd <= 2 && rst.stdio_fd[f->fd] >= 0)
+        return scratch_fd(ck_fcntl(rst.stdio_fd[f->fd], F_DUPFD_CLOEXEC, 0), "stdio", 0);
+    return scratch_fd(ck_open("/dev/null", O_RDWR | O_CLOEXEC, 0), "cannot open /dev/null", 0);
+}
+
+/* a pipe, FIFO, socket or shared memory object the plan built (plan.c) */
+static int from_slot(const struct ck_fd *f, uint32_t kind, const char *path)
+{
+    int slot = rst_slot_for(kind, f->dev, f->ino);
+    if (slot < 0) {
+        if (f->fd <= 2 && f->type != CK_FD_SHMEM)
+            return stdio_fd(f);
+        rst_fail("the restore plan has no object for a descriptor", path, 0);
     }
-    return mp;
+    if (kind == RST_KEY_FIFO) {
+        /* its own open file description, like the original open() */
+        int flags = (int)(f->open_flags & O_ACCMODE) | O_NONBLOCK | O_CLOEXEC;
+        return scratch_fd(ck_open(path, flags, 0), "cannot reopen a FIFO", path);
+    }
+    return scratch_fd(ck_fcntl(slot, F_DUPFD_CLOEXEC, 0), "cannot take a shared object", path);
 }
 
 void rst_restore_fds(const struct rst_image *im)
 {
-    /* at most one pipe per two descriptors; the scratch area holds them */
-    struct made_pipe *pipes = (void *)(rst.hole_start + rst.scratch_off);
-    int npipes = 0;
-
     for (uint32_t i = 0; i < im->nfds; i++) {
         const struct ck_fd *f = &im->fds[i];
         const char *path = rst_str(im, f->path);
@@ -103,17 +86,22 @@ void rst_restore_fds(const struct rst_image *im)
             tmp = scratch_fd(ck_open(path, (int)(f->open_flags & O_ACCMODE) | O_CLOEXEC, 0), "cannot reopen a device", path);
             break;
         case CK_FD_STDIO:
-            /* the pipe or terminal is gone: stdin reads nothing, stdout and
-             * stderr go to the job's log through the agent's new pipes */
-            if (f->fd <= 2 && rst.stdio_fd[f->fd] >= 0)
-                tmp = scratch_fd(ck_fcntl(rst.stdio_fd[f->fd], F_DUPFD_CLOEXEC, 0), "stdio", 0);
-            else
-                tmp = scratch_fd(ck_open("/dev/null", O_RDWR | O_CLOEXEC, 0), "cannot open /dev/null", 0);
+            tmp = stdio_fd(f);
             break;
         case CK_FD_PIPE: {
-            struct made_pipe *mp = pipe_for(im, pipes, &npipes, f->ino);
-            int end = (f->flags & CK_FDF_PIPE_WRITE_END) ? mp->wfd : mp->rfd;
-            tmp = scratch_fd(ck_fcntl(end, F_DUPFD_CLOEXEC, 0), "pipe", 0);
+            uint32_t kind = (f->flags & CK_FDF_FIFO) ? RST_KEY_FIFO
+                            : (f->flags & CK_FDF_PIPE_WRITE_END) ? RST_KEY_PIPE_W : RST_KEY_PIPE_R;
+            tmp = from_slot(f, kind, path);
+            break;
+        }
+        case CK_FD_UNIX:
+            tmp = from_slot(f, RST_KEY_UNIX, path);
+            break;
+        case CK_FD_SHMEM: {
+            tmp = from_slot(f, RST_KEY_SHM, path);
+            long rc = ck_lseek(tmp, (int64_t)f->pos, SEEK_SET);
+            if (rc < 0)
+                rst_fail("cannot seek in shared memory", path, rc);
             break;
         }
         case CK_FD_EVENTFD: {
@@ -137,10 +125,6 @@ void rst_restore_fds(const struct rst_image *im)
         }
         place(tmp, f);
         ck_close(tmp);
-    }
-    for (int i = 0; i < npipes; i++) {
-        ck_close(pipes[i].rfd);
-        ck_close(pipes[i].wfd);
     }
     for (uint32_t i = 0; i < im->nfds; i++) {
         const struct ck_fd *f = &im->fds[i];
@@ -166,4 +150,5 @@ void rst_restore_fds(const struct rst_image *im)
     for (int i = 0; i < 3; i++)
         if (rst.stdio_fd[i] >= 0)
             ck_close(rst.stdio_fd[i]);
+    rst_close_slots();  /* what this process does not hold must not stay open */
 }

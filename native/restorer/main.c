@@ -1,9 +1,10 @@
 /*
- * ckptd-restore IMAGE_DIR --status-file PATH [--agent-socket PATH] [--checkpoint ID]
- *
- * Runs as the would-be process: same pid (the first child of ckptd-init in
- * a fresh pid namespace), stdin/stdout/stderr already connected to the
- * job's log.  See restorer.h for the two phases.
+ * ckptd-restore --build PLAN --status-dir DIR [--agent-socket PATH] [--checkpoint ID]
+ *   as pid 2 of a fresh pid namespace: create the shared objects and the
+ *   process tree the plan describes (plan.c); every process then runs
+ * ckptd-restore IMAGE_DIR --status-file PATH [--plan PLAN] [--agent-socket PATH] [--checkpoint ID]
+ *   as the would-be process, with its old pid, and rebuilds it from its
+ *   image.  See restorer.h for the two phases.
  */
 #include "restorer.h"
 
@@ -26,13 +27,24 @@ static void copy_arg(char *dst, size_t cap, const char *src, const char *name)
         rst_fail("argument missing or too long", name, 0);
 }
 
-static void parse_args(long argc, char **argv, char *status_path, size_t cap)
+#define USAGE "usage: ckptd-restore IMAGE_DIR --status-file PATH [--plan PLAN] [--agent-socket PATH] " \
+              "[--checkpoint ID] | ckptd-restore --build PLAN --status-dir DIR ..."
+
+static int parse_args(long argc, char **argv, char *status_path, size_t cap)
 {
+    int build = 0;
     status_path[0] = 0;
     for (long i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!ck_strcmp(a, "--status-file") && i + 1 < argc)
             copy_arg(status_path, cap, argv[++i], a);
+        else if (!ck_strcmp(a, "--build") && i + 1 < argc) {
+            copy_arg(rst.plan_path, sizeof(rst.plan_path), argv[++i], a);
+            build = 1;
+        } else if (!ck_strcmp(a, "--plan") && i + 1 < argc)
+            copy_arg(rst.plan_path, sizeof(rst.plan_path), argv[++i], a);
+        else if (!ck_strcmp(a, "--status-dir") && i + 1 < argc)
+            copy_arg(rst.status_dir, sizeof(rst.status_dir), argv[++i], a);
         else if (!ck_strcmp(a, "--agent-socket") && i + 1 < argc)
             copy_arg(rst.agent_socket, sizeof(rst.agent_socket), argv[++i], a);
         else if (!ck_strcmp(a, "--checkpoint") && i + 1 < argc)
@@ -40,10 +52,20 @@ static void parse_args(long argc, char **argv, char *status_path, size_t cap)
         else if (a[0] != '-' && !rst.image_dir[0])
             copy_arg(rst.image_dir, sizeof(rst.image_dir), a, "image directory");
         else
-            rst_fail("usage: ckptd-restore IMAGE_DIR --status-file PATH [--agent-socket PATH] [--checkpoint ID]", a, 0);
+            rst_fail(USAGE, a, 0);
     }
-    if (!rst.image_dir[0])
-        rst_fail("usage: ckptd-restore IMAGE_DIR --status-file PATH [--agent-socket PATH] [--checkpoint ID]", 0, 0);
+    if (build) {
+        if (!rst.status_dir[0] || rst.image_dir[0])
+            rst_fail(USAGE, 0, 0);
+        copy_arg(rst.self_path, sizeof(rst.self_path), argv[0], "program path");
+        struct ck_buf b;
+        ck_buf_init(&b, status_path, cap);
+        ck_buf_str(&b, rst.status_dir);
+        ck_buf_str(&b, "/restore-build.status");
+    } else if (!rst.image_dir[0]) {
+        rst_fail(USAGE, 0, 0);
+    }
+    return build;
 }
 
 static int move_high(int fd)
@@ -117,13 +139,17 @@ void rst_main(long *sp)
 
     rst.status_fd = -1;
     ck_sigprocmask(SIG_SETMASK, &all, 0);  /* nothing interrupts a restore */
-    parse_args(argc, argv, status_path, sizeof(status_path));
+    int build = parse_args(argc, argv, status_path, sizeof(status_path));
     if (status_path[0]) {
         long fd = ck_open(status_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
         if (fd < 0)
             rst_fail("cannot create the status file", status_path, fd);
         rst.status_fd = (int)fd;
     }
+    if (build)
+        rst_build();
+    if (rst.plan_path[0])
+        rst_load_plan_keys(rst.plan_path);
 
     ck_buf_init(&b, path, sizeof(path));
     ck_buf_str(&b, rst.image_dir);
@@ -150,6 +176,8 @@ void rst_main(long *sp)
     for (uint32_t i = 0; i < im.nfds; i++)
         if (im.fds[i].fd > rst.maxfd)
             rst.maxfd = im.fds[i].fd;
+    if (rst.nslots && rst.maxfd >= rst.slot_base)
+        rst_fail("corrupt restore plan: its shared objects overlap the process's descriptors", 0, 0);
     struct rlimit nofile;
     if (ck_prlimit(RLIMIT_NOFILE, 0, &nofile) == 0 && nofile.rlim_cur < (uint64_t)rst.maxfd + 64) {
         nofile.rlim_cur = nofile.rlim_max < (uint64_t)rst.maxfd + 64 ? nofile.rlim_max : (uint64_t)rst.maxfd + 64;

@@ -156,7 +156,16 @@ static void map_one(const struct rst_image *im, const struct ck_vma *v)
         flags |= MAP_NORESERVE;
     long fd = -1;
     uint64_t pgoff = 0;
-    if (v->flags & CK_VMA_FILE) {
+    if (v->flags & CK_VMA_SHMEM) {
+        /* the object the plan made once for every process that maps it */
+        fd = rst_slot_for(RST_KEY_SHM, v->dev, v->ino);
+        if (fd < 0)
+            rst_fail("the restore plan has no shared memory object for a mapping", rst_str(im, v->path), 0);
+        fd = ck_fcntl((int)fd, F_DUPFD_CLOEXEC, 0);
+        if (fd < 0)
+            rst_fail("cannot take a shared memory object", rst_str(im, v->path), fd);
+        pgoff = v->pgoff;
+    } else if (v->flags & CK_VMA_FILE) {
         const char *path = rst_str(im, v->path);
         int acc = ((v->flags & CK_VMA_SHARED) && (v->prot & PROT_WRITE)) ? O_RDWR : O_RDONLY;
         fd = ck_open(path, acc | O_CLOEXEC, 0);

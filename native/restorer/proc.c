@@ -53,6 +53,13 @@ struct rst_siginfo {
 void rst_queue_pending(const struct rst_image *im)
 {
     int pid = (int)ck_getpid();
+    /* signals that arrived during the restore (SIGCHLD from recreated
+     * zombies, say) were not pending at checkpoint time: drop them */
+    uint64_t all = ~0ull & ~((1ull << (SIGKILL - 1)) | (1ull << (SIGSTOP - 1)));
+    struct timespec now = {0, 0};
+    struct rst_siginfo drop;
+    while (ck_rt_sigtimedwait(&all, &drop, &now) > 0)
+        ;
     for (uint32_t i = 0; i < im->npending; i++) {
         struct rst_siginfo si;
         ck_memset(&si, 0, sizeof(si));

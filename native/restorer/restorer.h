@@ -25,6 +25,21 @@
 #define RST_MAIN_STACK (256u << 10)
 #define RST_SCRATCH (4u << 20)
 
+#define RST_MAX_KEYS 8192
+
+/* restore-plan keys: which inherited slot holds a shared object */
+#define RST_KEY_PIPE_R 1
+#define RST_KEY_PIPE_W 2
+#define RST_KEY_FIFO 3
+#define RST_KEY_UNIX 4
+#define RST_KEY_SHM 5
+struct rst_key {
+    uint32_t kind;
+    uint32_t slot;
+    uint64_t dev;
+    uint64_t ino;
+};
+
 struct rst_special {
     char name[16];
     uint64_t start, end;
@@ -77,6 +92,13 @@ struct rst_state {
     struct rst_special cur_special[RST_MAX_SPECIAL];
     int ncur_special;
     int uid_is_root;
+    /* the restore plan (plan.c) */
+    char plan_path[1024];
+    char status_dir[1024];
+    char self_path[1024];
+    int slot_base, nslots;
+    int nkeys;
+    struct rst_key keys[RST_MAX_KEYS];
 };
 
 extern struct rst_state rst;
@@ -109,6 +131,12 @@ void rst_unmap_all_but_hole(void);
 void rst_map_image(const struct rst_image *im);
 void rst_place_specials(const struct rst_image *im);
 void rst_set_mm(const struct rst_image *im);
+
+/* plan.c */
+void rst_load_plan_keys(const char *path);
+int rst_slot_for(uint32_t kind, uint64_t dev, uint64_t ino);  /* descriptor, or -1 */
+void rst_close_slots(void);
+void rst_build(void) __attribute__((noreturn));
 
 /* fds.c */
 void rst_restore_fds(const struct rst_image *im);

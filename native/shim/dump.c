@@ -374,6 +374,7 @@ int ck_dump(const char *dir, struct ck_dump_stats *st, char *err, size_t errcap)
     im.err = err;
     im.errcap = errcap;
     im.n_own_fds = 0;
+    im.diag_fd = -1;
     add_own_fd(&im, ck_shim.agent_fd);
     if (image_init(&im) < 0) {
         ck_image_fail(&im, "cannot allocate checkpoint scratch memory", 0, 0);
@@ -394,7 +395,7 @@ int ck_dump(const char *dir, struct ck_dump_stats *st, char *err, size_t errcap)
     if (rc == 0)
         rc = ck_dump_files(&im, &st->files_bytes);
     if (rc == 0)
-        rc = ck_dump_memory(&im, &st->pages_bytes);
+        rc = ck_dump_memory(&im, &st->pages_bytes, &st->files_bytes);
     if (rc == 0)
         rc = capture_timers_and_pending(&im);
     if (rc == 0)

@@ -41,7 +41,7 @@ static void fd_path(char *out, size_t cap, const char *dir, int fd)
     ck_buf_u64(&b, (uint64_t)fd);
 }
 
-static int fail_fd(struct ck_image *im, int fd, const char *why, const char *target)
+int ck_fail_fd(struct ck_image *im, int fd, const char *why, const char *target)
 {
     char what[128];
     struct ck_buf b;
@@ -58,6 +58,9 @@ static int fail_fd(struct ck_image *im, int fd, const char *why, const char *tar
 static int save_pipe_data(struct ck_image *im, struct ck_fd *f, int readfd)
 {
     int avail = 0;
+    f->flags |= CK_FDF_DATA_SAVED;
+    f->data_off = im->blob.count;
+    f->data_len = 0;
     if (ck_ioctl(readfd, FIONREAD, &avail) < 0 || avail <= 0)
         return 0;
     int tmp[2];
@@ -132,16 +135,15 @@ static int dump_epoll(struct ck_image *im, struct ck_fd *f, const char *info)
     return 0;
 }
 
-/* is there another descriptor on this pipe, at the other end? */
-static int pipe_has_other_end(struct ck_image *im, uint64_t ino, uint32_t my_acc)
+/* a deleted file or memfd on tmpfs: its contents can be saved and recreated */
+static int is_shmem(int fd)
 {
-    for (size_t i = 0; i < im->fds.count; i++) {
-        struct ck_fd *o = ck_table_at(&im->fds, i);
-        if ((o->type == CK_FD_PIPE || o->type == CK_FD_STDIO) && o->ino == ino &&
-            (o->open_flags & O_ACCMODE) != my_acc)
-            return 1;
-    }
-    return 0;
+    struct {
+        long f_type;
+        char rest[112];
+    } sfs;
+    return ck_fstatfs(fd, &sfs) == 0 && (sfs.f_type == 0x01021994 /* TMPFS_MAGIC */ ||
+                                          sfs.f_type == (long)0x958458f6 /* HUGETLBFS_MAGIC */);
 }
 
 static int classify(struct ck_image *im, struct ck_fd *f, const char *target, const struct stat *st,
@@ -150,10 +152,15 @@ static int classify(struct ck_image *im, struct ck_fd *f, const char *target, co
     int fd = f->fd;
     switch (st->st_mode & S_IFMT) {
     case S_IFREG:
-        if (ck_endswith(target, " (deleted)"))
-            return fail_fd(im, fd, "deleted file", target);
+        if (ck_endswith(target, " (deleted)")) {
+            if (!is_shmem(fd))
+                return ck_fail_fd(im, fd, "deleted file", target);
+            f->type = CK_FD_SHMEM;
+            f->pos = (uint64_t)ck_lseek(fd, 0, SEEK_CUR);
+            return ck_save_shmem_fd(im, f);
+        }
         if (target[0] != '/')
-            return fail_fd(im, fd, "file without a path", target);
+            return ck_fail_fd(im, fd, "file without a path", target);
         f->type = CK_FD_REG;
         f->pos = (uint64_t)ck_lseek(fd, 0, SEEK_CUR);
         if ((f->open_flags & O_ACCMODE) != O_RDONLY)
@@ -171,28 +178,27 @@ static int classify(struct ck_image *im, struct ck_fd *f, const char *target, co
             f->type = CK_FD_STDIO;  /* the terminal will be gone: use the log */
             return 0;
         }
-        return fail_fd(im, fd, "character device", target);
+        return ck_fail_fd(im, fd, "character device", target);
     case S_IFIFO:
-        if (!ck_startswith(target, "pipe:"))
-            return fail_fd(im, fd, "named FIFO", target);
+        if (!ck_startswith(target, "pipe:")) {
+            if (target[0] != '/' || ck_endswith(target, " (deleted)"))
+                return ck_fail_fd(im, fd, "FIFO without a path", target);
+            f->flags |= CK_FDF_FIFO;
+        }
         f->pipe_size = (uint64_t)ck_fcntl(fd, F_GETPIPE_SZ, 0);
         if ((f->open_flags & O_ACCMODE) == O_WRONLY)
             f->flags |= CK_FDF_PIPE_WRITE_END;
-        f->type = CK_FD_PIPE;  /* may become STDIO once all fds are known */
+        f->type = CK_FD_PIPE;  /* the restore plan decides: job-internal, or the log */
         return 0;
     case S_IFSOCK:
-        if (fd <= 2) {
-            f->type = CK_FD_STDIO;
-            return 0;
-        }
-        return fail_fd(im, fd, "socket", target);
+        return ck_dump_socket(im, f, im->diag_fd, target);
     default:
         break;
     }
     int is_eventfd = ck_strcmp(target, "anon_inode:[eventfd]") == 0;
     int is_epoll = ck_strcmp(target, "anon_inode:[eventpoll]") == 0;
     if (!is_eventfd && !is_epoll)
-        return fail_fd(im, fd, "kind not supported yet", target);
+        return ck_fail_fd(im, fd, "kind not supported yet", target);
     char path[64];
     fd_path(path, sizeof(path), "/proc/self/fdinfo/", fd);
     long n = ck_read_file(path, info, infocap - 1);
@@ -229,9 +235,14 @@ int ck_dump_fds(struct ck_image *im)
     static char target[4096];
     static char info[65536];
     int pid = (int)ck_getpid();
+    /* opened before listing, so it is never mistaken for one of the job's */
+    im->diag_fd = ck_sock_diag_open();
     long dfd = ck_open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
-    if (dfd < 0)
+    if (dfd < 0) {
+        if (im->diag_fd >= 0)
+            ck_close(im->diag_fd);
         return ck_image_fail(im, "cannot open /proc/self/fd", 0, dfd);
+    }
 
     int rc = 0;
     for (;;) {
@@ -248,7 +259,7 @@ int ck_dump_fds(struct ck_image *im)
             if (d->d_name[0] < '0' || d->d_name[0] > '9')
                 continue;
             int fd = (int)ck_parse_u64(d->d_name, 10, 0);
-            if (fd == dfd || ck_image_is_own_fd(im, fd))
+            if (fd == dfd || fd == im->diag_fd || ck_image_is_own_fd(im, fd))
                 continue;
             char path[64];
             fd_path(path, sizeof(path), "/proc/self/fd/", fd);
@@ -285,32 +296,26 @@ int ck_dump_fds(struct ck_image *im)
             break;
     }
     ck_close((int)dfd);
+    if (im->diag_fd >= 0)
+        ck_close(im->diag_fd);
+    im->diag_fd = -1;
     if (rc)
         return rc;
 
-    /* pipes: internal when both ends are here; else stdio goes to the log */
+    /* a pipe's buffered bytes, once per pipe, from its first read end here;
+     * every process holding a read end saves them and the plan keeps one */
     for (size_t i = 0; i < im->fds.count; i++) {
         struct ck_fd *f = ck_table_at(&im->fds, i);
-        if (f->type != CK_FD_PIPE)
+        if (f->type != CK_FD_PIPE || (f->flags & CK_FDF_PIPE_WRITE_END))
             continue;
-        if (!pipe_has_other_end(im, f->ino, f->open_flags & O_ACCMODE)) {
-            if (f->fd > 2)
-                return fail_fd(im, f->fd, "pipe to a process outside this one", (const char *)ck_table_at(&im->strings, f->path));
-            f->type = CK_FD_STDIO;
-            continue;
+        int first = 1;
+        for (size_t j = 0; j < i && first; j++) {
+            struct ck_fd *o = ck_table_at(&im->fds, j);
+            if (o->type == CK_FD_PIPE && o->ino == f->ino && (o->flags & CK_FDF_DATA_SAVED))
+                first = 0;
         }
-        /* buffered bytes are saved once, with the first read end */
-        if (!(f->flags & CK_FDF_PIPE_WRITE_END)) {
-            int first = 1;
-            for (size_t j = 0; j < i; j++) {
-                struct ck_fd *o = ck_table_at(&im->fds, j);
-                if (o->type == CK_FD_PIPE && o->ino == f->ino && !(o->flags & CK_FDF_PIPE_WRITE_END))
-                    first = 0;
-            }
-            if (first && save_pipe_data(im, f, f->fd) < 0)
-                return -1;
-        }
+        if (first && save_pipe_data(im, f, f->fd) < 0)
+            return -1;
     }
-    /* a descriptor pointing at the same description as stdio follows it */
     return 0;
 }

@@ -8,6 +8,10 @@
  *                                   anonymous copies); the rest comes back
  *                                   from the file
  *   shared file mapping             nothing: the contents live in the file
+ *                                   (saved with the written files if writable)
+ *   shared memory without a path    resident pages (mincore): shared anonymous,
+ *   (CK_VMA_SHMEM)                  memfd, deleted /dev/shm files; the restore
+ *                                   plan recreates the object once per job
  *   private mapping, deleted file   every readable page
  *   [vdso], [vvar], [vvar_vclock]   nothing: the restorer moves the kernel's
  *
@@ -51,6 +55,7 @@ struct mem_ctx {
     int pagemap_fd;
     int scan_ok;       /* PAGEMAP_SCAN available */
     uint64_t pages_off;
+    uint64_t files_bytes;  /* files saved for shared writable mappings */
     struct ck_vma *vma;
     struct ck_page_region *regions;
     uint64_t *pm;
@@ -177,6 +182,24 @@ static int dump_present(struct mem_ctx *m, uint64_t start, uint64_t end, int ano
     return flush_run(m);
 }
 
+/* a shared memory object: the pages resident in it (page cache, not just
+ * this process's page tables), so pages another process wrote are kept */
+static int dump_resident(struct mem_ctx *m, uint64_t start, uint64_t end)
+{
+    unsigned char *vec = (unsigned char *)m->pm;
+    uint64_t chunk = (uint64_t)PAGEMAP_CHUNK * 8 * CK_PAGE_SIZE;
+    for (uint64_t a = start; a < end; a += chunk) {
+        uint64_t e = end - a > chunk ? a + chunk : end;
+        long rc = ck_mincore((void *)a, e - a, vec);
+        if (rc < 0)
+            return ck_image_fail(m->im, "cannot read page residency (mincore)", 0, rc);
+        for (uint64_t i = 0; i < (e - a) / CK_PAGE_SIZE; i++)
+            if ((vec[i] & 1) && emit(m, a + i * CK_PAGE_SIZE, a + (i + 1) * CK_PAGE_SIZE) < 0)
+                return -1;
+    }
+    return flush_run(m);
+}
+
 /* a deleted file's private mapping: every page that can be read */
 static int dump_all_readable(struct mem_ctx *m, uint64_t start, uint64_t end)
 {
@@ -257,15 +280,22 @@ static int on_mapping(const struct ck_map_entry *e, void *vctx)
     if (!ck_strcmp(path, "[stack]"))
         v->flags |= CK_VMA_STACK;
 
+    if (ck_startswith(path, "/SYSV"))
+        return ck_image_fail(im, "System V shared memory is not supported yet", path, 0);
+    /* MAP_SHARED | MAP_ANONYMOUS, memfd, a deleted tmpfs file: no path to map
+     * again; other processes of the job may share it (the plan matches them) */
+    if (e->shared && e->dev_major == 0 && (ck_endswith(path, " (deleted)") || ck_startswith(path, "/memfd:"))) {
+        v->flags |= CK_VMA_SHMEM;
+        v->dev = makedev(e->dev_major, e->dev_minor);  /* as stat() reports it */
+        v->ino = e->ino;
+        v->path = ck_image_string(im, path);
+        return dump_resident(m, e->start, e->end);
+    }
     int anonymous = path[0] == 0 || path[0] == '[';
-    if (e->shared && !ck_strcmp(path, "/dev/zero (deleted)"))
-        anonymous = 1;  /* MAP_SHARED | MAP_ANONYMOUS */
     if (anonymous) {
         v->flags |= CK_VMA_ANON;
         return dump_present(m, e->start, e->end, 0);
     }
-    if (ck_startswith(path, "/SYSV"))
-        return ck_image_fail(im, "System V shared memory is not supported yet", path, 0);
 
     v->path = ck_image_string(im, path);
     struct stat st;
@@ -285,12 +315,12 @@ static int on_mapping(const struct ck_map_entry *e, void *vctx)
     v->ino = st.st_ino;
     v->file_size = (uint64_t)st.st_size;
     v->mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec;
-    if (e->shared)
-        return 0;  /* contents live in the file (saved with the job's written files) */
+    if (e->shared)  /* contents live in the file; saved if the job can change them */
+        return (e->vmflags & CK_VMF_MAYWRITE) ? ck_save_written_file(im, path, &m->files_bytes) : 0;
     return dump_present(m, e->start, e->end, 1);
 }
 
-int ck_dump_memory(struct ck_image *im, uint64_t *pages_bytes)
+int ck_dump_memory(struct ck_image *im, uint64_t *pages_bytes, uint64_t *files_bytes)
 {
     struct mem_ctx m;
     ck_memset(&m, 0, sizeof(m));
@@ -324,5 +354,6 @@ int ck_dump_memory(struct ck_image *im, uint64_t *pages_bytes)
     if (m.pagemap_fd >= 0)
         ck_close(m.pagemap_fd);
     *pages_bytes = m.pages_off;
+    *files_bytes += m.files_bytes;
     return rc ? -1 : 0;
 }

@@ -37,6 +37,8 @@ static uint32_t track_overflow;
 
 static int skip_path(const char *p)
 {
+    if (ck_startswith(p, "/dev/shm/"))
+        return 0;  /* POSIX shared memory and semaphores are the job's data */
     return ck_startswith(p, "/proc/") || ck_startswith(p, "/sys/") || ck_startswith(p, "/dev/");
 }
 
@@ -98,7 +100,7 @@ static int already_saved(struct ck_image *im, uint64_t dev, uint64_t ino)
     return 0;
 }
 
-static int save_file(struct ck_image *im, const char *path, uint64_t *bytes)
+int ck_save_written_file(struct ck_image *im, const char *path, uint64_t *bytes)
 {
     struct stat st;
     if (skip_path(path) || ck_stat(path, &st) < 0 || !S_ISREG(st.st_mode))
@@ -168,7 +170,7 @@ int ck_dump_files(struct ck_image *im, uint64_t *bytes)
     for (size_t i = 0; i < im->fds.count; i++) {
         struct ck_fd *f = ck_table_at(&im->fds, i);
         if (f->type == CK_FD_REG && (f->flags & CK_FDF_WRITTEN))
-            if (save_file(im, (const char *)ck_table_at(&im->strings, f->path), bytes) < 0)
+            if (ck_save_written_file(im, (const char *)ck_table_at(&im->strings, f->path), bytes) < 0)
                 return -1;
     }
     /* files written earlier and closed since */
@@ -176,8 +178,70 @@ int ck_dump_files(struct ck_image *im, uint64_t *bytes)
     for (uint32_t i = 0; i < n && i < TRACK_MAX; i++) {
         if (!__atomic_load_n(&tracked[i].ready, __ATOMIC_ACQUIRE))
             continue;
-        if (save_file(im, path_pool + tracked[i].path_off, bytes) < 0)
+        if (ck_save_written_file(im, path_pool + tracked[i].path_off, bytes) < 0)
             return -1;
     }
+    return 0;
+}
+
+/* copy the data ranges of `in` (SEEK_DATA/SEEK_HOLE) into `out` at the same offsets */
+static long copy_sparse(int in, int out, uint64_t size)
+{
+    int64_t pos = 0;
+    while ((uint64_t)pos < size) {
+        int64_t data = ck_lseek(in, pos, SEEK_DATA);
+        if (data == -ENXIO)
+            break;  /* only a hole is left */
+        if (data < 0)
+            data = pos;  /* no SEEK_DATA: copy everything */
+        int64_t hole = ck_lseek(in, data, SEEK_HOLE);
+        if (hole < 0 || (uint64_t)hole > size)
+            hole = (int64_t)size;
+        if (ck_lseek(in, data, SEEK_SET) < 0 || ck_lseek(out, data, SEEK_SET) < 0)
+            return -EIO;
+        int64_t left = hole - data;
+        while (left > 0) {
+            long n = ck_sendfile(out, in, (size_t)(left > (1 << 30) ? (1 << 30) : left));
+            if (n == -EINTR)
+                continue;
+            if (n <= 0)
+                return n < 0 ? n : -EIO;
+            left -= n;
+        }
+        pos = hole;
+    }
+    return ck_ftruncate(out, (int64_t)size);
+}
+
+int ck_save_shmem_fd(struct ck_image *im, struct ck_fd *f)
+{
+    char name[64], link[64];
+    struct ck_buf b;
+    long rc = ck_sc3(SYS_mkdirat, im->dirfd, "files", 0700);
+    if (rc < 0 && rc != -EEXIST)
+        return ck_image_fail(im, "cannot create files/ in the image directory", 0, rc);
+    ck_buf_init(&b, name, sizeof(name));
+    ck_buf_str(&b, "files/shm-");
+    ck_buf_u64(&b, f->ino);
+    ck_buf_str(&b, ".data");
+    long out = ck_openat(im->dirfd, name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (out == -EEXIST)
+        return 0;  /* another descriptor of this process saved it */
+    if (out < 0)
+        return ck_image_fail(im, "cannot save shared memory the job holds", name, out);
+    /* a new open file description, so the job's file offset stays put */
+    ck_buf_init(&b, link, sizeof(link));
+    ck_buf_str(&b, "/proc/self/fd/");
+    ck_buf_u64(&b, (uint64_t)f->fd);
+    long in = ck_open(link, O_RDONLY | O_CLOEXEC, 0);
+    if (in < 0) {
+        ck_close((int)out);
+        return ck_image_fail(im, "cannot reopen shared memory the job holds", link, in);
+    }
+    rc = copy_sparse((int)in, (int)out, f->size);
+    ck_close((int)in);
+    ck_close((int)out);
+    if (rc < 0)
+        return ck_image_fail(im, "cannot copy shared memory the job holds", name, rc);
     return 0;
 }

@@ -82,6 +82,7 @@ int ck_dump(const char *dir, struct ck_dump_stats *st, char *err, size_t errcap)
 /* the image being built; sections are tables in the arena */
 struct ck_image {
     int dirfd;
+    int diag_fd;              /* NETLINK_SOCK_DIAG while descriptors are described */
     int own_fds[8];           /* the shim's descriptors: never part of the image */
     int n_own_fds;
     struct ck_proc proc;
@@ -96,14 +97,23 @@ int ck_image_fail(struct ck_image *im, const char *what, const char *detail, lon
 int ck_image_is_own_fd(struct ck_image *im, int fd) CK_HIDDEN;
 
 /* ---- dump_mem.c ---- */
-int ck_dump_memory(struct ck_image *im, uint64_t *pages_bytes) CK_HIDDEN;
+int ck_dump_memory(struct ck_image *im, uint64_t *pages_bytes, uint64_t *files_bytes) CK_HIDDEN;
 
 /* ---- dump_fds.c ---- */
 int ck_dump_fds(struct ck_image *im) CK_HIDDEN;
+int ck_fail_fd(struct ck_image *im, int fd, const char *why, const char *target) CK_HIDDEN;
+
+/* ---- dump_sockets.c ---- */
+int ck_sock_diag_open(void) CK_HIDDEN;
+int ck_dump_socket(struct ck_image *im, struct ck_fd *f, int diag_fd, const char *target) CK_HIDDEN;
 
 /* ---- files.c ---- */
 void ck_files_track_fd(int fd) CK_HIDDEN;
 int ck_dump_files(struct ck_image *im, uint64_t *bytes) CK_HIDDEN;
+/* a file the job changes through a shared writable mapping */
+int ck_save_written_file(struct ck_image *im, const char *path, uint64_t *bytes) CK_HIDDEN;
+/* a memfd or deleted tmpfs file held open: files/shm-<ino>.data, holes kept */
+int ck_save_shmem_fd(struct ck_image *im, struct ck_fd *f) CK_HIDDEN;
 
 /* ---- interpose.c ---- */
 void ck_interpose_init(void) CK_HIDDEN;

@@ -19,7 +19,7 @@
 
 /* BEGIN CFFI */
 #define CK_CORE_MAGIC 0x45524f4354504b43   /* "CKPTCORE" as little-endian bytes */
-#define CK_CORE_VERSION 1
+#define CK_CORE_VERSION 2
 #define CK_MAX_SECTIONS 16
 #define CK_PAGE_SIZE 4096
 
@@ -105,6 +105,10 @@ struct ck_thread {
 #define CK_VMA_NOCONTENT 0x200   /* shim scratch: comes back empty */
 #define CK_VMA_DELETED 0x400     /* file gone: contents saved in full, restored anonymous */
 #define CK_VMA_LOCKED 0x800
+#define CK_VMA_SHMEM 0x1000      /* MAP_SHARED of an object with no path to reopen
+                                    (shared anonymous, memfd, deleted /dev/shm file):
+                                    mapped from the object the restore plan creates;
+                                    dev/ino name it, pages hold what was resident */
 
 /* ck_vma.madv: advice replayed with madvise() */
 #define CK_MADV_HUGEPAGE 0x1
@@ -142,16 +146,25 @@ struct ck_page_run {
 #define CK_FD_REG 1
 #define CK_FD_DIR 2
 #define CK_FD_CHR 3              /* character device reopened by path (/dev/null...) */
-#define CK_FD_PIPE 4             /* pipe with both ends inside the process */
+#define CK_FD_PIPE 4             /* pipe or FIFO: the restore plan recreates it once per job */
 #define CK_FD_EVENTFD 5
 #define CK_FD_EPOLL 6
 #define CK_FD_STDIO 7            /* pipe/tty/socket outside the job: reconnected to the job's log */
 #define CK_FD_DUP 8              /* same open file description as ck_fd.dup_of */
+#define CK_FD_UNIX 9             /* Unix domain socket: recreated by the restore plan */
+#define CK_FD_SHMEM 10           /* memfd or deleted tmpfs file: contents in files/shm-<ino>.data */
+
+/* ck_fd.sock_state (CK_FD_UNIX) */
+#define CK_SOCK_UNCONNECTED 0
+#define CK_SOCK_CONNECTED 1
+#define CK_SOCK_LISTEN 2
 
 /* ck_fd.flags */
 #define CK_FDF_PIPE_WRITE_END 0x1
 #define CK_FDF_EVENTFD_SEMAPHORE 0x2
 #define CK_FDF_WRITTEN 0x4       /* regular file open for writing: content saved */
+#define CK_FDF_FIFO 0x8          /* CK_FD_PIPE that is a named FIFO (path) */
+#define CK_FDF_DATA_SAVED 0x10   /* data_off/data_len hold the queued bytes */
 
 struct ck_fd {
     int32_t fd;
@@ -167,12 +180,22 @@ struct ck_fd {
     uint64_t ino;               /* pipe id for CK_FD_PIPE */
     uint64_t size;
     int64_t mtime_ns;
-    uint64_t data_off;          /* CK_FD_PIPE: buffered bytes in BLOB */
+    uint64_t data_off;          /* queued bytes in BLOB (pipe: raw; socket: see nqueued) */
     uint64_t data_len;
     uint64_t pipe_size;         /* F_GETPIPE_SZ */
     uint64_t evcount;           /* eventfd counter */
     uint32_t first_epoll;       /* CK_FD_EPOLL: index into EPOLL */
     uint32_t nepoll;
+    /* CK_FD_UNIX */
+    uint32_t sock_type;         /* SOCK_STREAM, SOCK_DGRAM, SOCK_SEQPACKET */
+    uint32_t sock_state;        /* CK_SOCK_* */
+    uint64_t peer_ino;          /* the connected peer's inode; 0: none or gone */
+    uint64_t name_off;          /* bound address (sun_path bytes) in BLOB */
+    uint32_t name_len;          /* 0: unnamed */
+    uint32_t shutdown;          /* 1 receive side shut, 2 send side shut */
+    uint32_t backlog;           /* CK_SOCK_LISTEN */
+    uint32_t nqueued;           /* messages in data: dgram/seqpacket records are a
+                                   little-endian uint32 length, then the bytes */
 };
 
 struct ck_epoll_target {

@@ -1,0 +1,399 @@
+"""The restore plan: how a checkpointed process tree is built again.
+
+Every process's image describes only what that process holds: a pipe end
+by inode, a socket with its peer's inode, a shared mapping by device and
+inode.  This module matches them up across the whole job and writes the
+plan that `ckptd-restore --build` (native/restorer/plan.c) carries out as
+pid 2 of the new pid namespace: create each shared object once at a fixed
+descriptor number (a "slot") that every process inherits, put back the
+bytes that were in flight, then fork the tree with its old pids.
+
+The same planning runs while a checkpoint is taken (before it is
+committed), so a tree that could not be restored is refused at checkpoint
+time, with the reason, and the job keeps running.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ckptd.errors import CkptdError, Code
+
+from .core import CoreImage, constant
+
+SOCK_STREAM, SOCK_DGRAM, SOCK_SEQPACKET = 1, 2, 5
+SHUT_RD, SHUT_WR, SHUT_RDWR = 0, 1, 2
+
+
+class PlanError(CkptdError):
+    def __init__(self, message: str) -> None:
+        super().__init__(Code.FAILED_PRECONDITION, message)
+
+
+@dataclass
+class ProcessImage:
+    """One process of the tree as its image describes it."""
+
+    dir: Path
+    core: CoreImage
+
+    @property
+    def pid(self) -> int:
+        return int(self.core.proc.pid)
+
+    @property
+    def ppid(self) -> int:
+        return int(self.core.proc.ppid)
+
+    @property
+    def pgid(self) -> int:
+        return int(self.core.proc.pgid)
+
+    @property
+    def sid(self) -> int:
+        return int(self.core.proc.sid)
+
+    @property
+    def exe(self) -> str:
+        return self.core.string(self.core.proc.exe)
+
+    def label(self) -> str:
+        return f"pid {self.pid} ({os.path.basename(self.exe) or '?'})"
+
+
+@dataclass
+class Zombie:
+    """A child that had exited but was not yet reaped: it comes back as one."""
+
+    pid: int
+    ppid: int
+    pgid: int
+    sid: int
+    wstatus: int
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Zombie:
+        return cls(int(d["pid"]), int(d["ppid"]), int(d["pgid"]), int(d["sid"]), int(d["wstatus"]))
+
+
+def _hex(data: bytes | str) -> str:
+    raw = data.encode(errors="surrogateescape") if isinstance(data, str) else data
+    return raw.hex() or "-"
+
+
+@dataclass
+class _Data:
+    """Bytes in flight: a range of a saved file."""
+
+    file: Path
+    offset: int
+    length: int
+
+    def args(self) -> str:
+        return f"{_hex(str(self.file))} {self.offset} {self.length}"
+
+
+@dataclass
+class _Pipe:
+    ino: int
+    readers: list[str] = field(default_factory=list)
+    writers: list[str] = field(default_factory=list)
+    fifo_path: str = ""
+    size: int = 0
+    data: _Data | None = None
+
+
+@dataclass
+class _Socket:
+    ino: int
+    type: int
+    state: int
+    peer: int
+    name: bytes
+    shutdown: int
+    backlog: int
+    data: _Data | None
+    holders: list[tuple[ProcessImage, int]] = field(default_factory=list)
+
+
+@dataclass
+class _Shm:
+    dev: int
+    ino: int
+    size: int
+    name: str
+    fill: Path | None = None
+
+
+def _data_of(p: ProcessImage, fd: Any) -> _Data | None:
+    if not fd.flags & constant("CK_FDF_DATA_SAVED"):
+        return None
+    return _Data(p.core.path, p.core.blob_file_offset() + int(fd.data_off), int(fd.data_len))
+
+
+def _shm_name(path: str) -> str:
+    name = path.removesuffix(" (deleted)")
+    name = name.removeprefix("/memfd:")
+    return os.path.basename(name) or "ckptd-shm"
+
+
+class _Planner:
+    def __init__(self, procs: list[ProcessImage], zombies: list[Zombie], log_pipes: dict[int, int]) -> None:
+        self.procs = sorted(procs, key=lambda p: p.pid)
+        self.zombies = zombies
+        self.log_pipes = log_pipes
+        self.pipes: dict[int, _Pipe] = {}
+        self.sockets: dict[int, _Socket] = {}
+        self.shm: dict[tuple[int, int], _Shm] = {}
+        self.next_slot = 0
+        self.slots: dict[tuple[str, int], int] = {}
+
+    # ---- gathering ----
+
+    def gather(self) -> None:
+        for p in self.procs:
+            for fd in p.core.records["fds"]:
+                if fd.type == constant("CK_FD_PIPE"):
+                    self._gather_pipe(p, fd)
+                elif fd.type == constant("CK_FD_UNIX"):
+                    self._gather_socket(p, fd)
+                elif fd.type == constant("CK_FD_SHMEM"):
+                    key = (int(fd.dev), int(fd.ino))
+                    obj = self.shm.setdefault(key, _Shm(key[0], key[1], 0, _shm_name(p.core.string(fd.path))))
+                    obj.size = max(obj.size, int(fd.size))
+                    saved = p.dir / "files" / f"shm-{int(fd.ino)}.data"
+                    if obj.fill is None:
+                        obj.fill = saved
+            for v in p.core.records["vmas"]:
+                if v.flags & constant("CK_VMA_SHMEM"):
+                    key = (int(v.dev), int(v.ino))
+                    obj = self.shm.setdefault(key, _Shm(key[0], key[1], 0, _shm_name(p.core.string(v.path))))
+                    obj.size = max(obj.size, int(v.pgoff) + int(v.end) - int(v.start))
+
+    def _gather_pipe(self, p: ProcessImage, fd: Any) -> None:
+        ino = int(fd.ino)
+        pipe = self.pipes.setdefault(ino, _Pipe(ino))
+        who = f"{p.label()} fd {fd.fd}"
+        if fd.flags & constant("CK_FDF_FIFO"):
+            pipe.fifo_path = p.core.string(fd.path)
+        if fd.flags & constant("CK_FDF_PIPE_WRITE_END"):
+            pipe.writers.append(who)
+        else:
+            pipe.readers.append(who)
+        pipe.size = max(pipe.size, int(fd.pipe_size))
+        data = _data_of(p, fd)
+        if pipe.data is None and data is not None and data.length:
+            pipe.data = data
+
+    def _gather_socket(self, p: ProcessImage, fd: Any) -> None:
+        ino = int(fd.ino)
+        s = self.sockets.get(ino)
+        if s is None:
+            blob = p.core.blobs["blob"]
+            name = blob[int(fd.name_off) : int(fd.name_off) + int(fd.name_len)] if fd.name_len else b""
+            s = _Socket(
+                ino=ino,
+                type=int(fd.sock_type),
+                state=int(fd.sock_state),
+                peer=int(fd.peer_ino),
+                name=name,
+                shutdown=int(fd.shutdown),
+                backlog=int(fd.backlog),
+                data=None,
+            )
+            self.sockets[ino] = s
+        data = _data_of(p, fd)
+        if s.data is None and data is not None and data.length:
+            s.data = data
+        s.holders.append((p, int(fd.fd)))
+
+    # ---- checks on the tree ----
+
+    def check_tree(self) -> None:
+        by_pid = {p.pid: p for p in self.procs}
+        if 2 not in by_pid:
+            raise PlanError("the job's first process (pid 2) is not in the checkpoint")
+        for p in self.procs:
+            if p.ppid != 1 and p.ppid not in by_pid:
+                raise PlanError(f"{p.label()} has a parent (pid {p.ppid}) that is not part of the job")
+            parent = by_pid.get(p.ppid if p.ppid != 1 else 2)
+            if p.pid != 2 and parent is not None and p.sid not in (p.pid, parent.sid):
+                raise PlanError(
+                    f"{p.label()} is in session {p.sid}, which its parent left; such a tree cannot be rebuilt"
+                )
+            if p.pgid not in (p.pid, parent.pgid if parent else p.pgid):
+                leader = by_pid.get(p.pgid)
+                if leader is None or leader.sid != p.sid:
+                    raise PlanError(
+                        f"{p.label()} is in process group {p.pgid}, whose leader has exited; "
+                        "such a group cannot be rebuilt"
+                    )
+        for z in self.zombies:
+            if z.ppid not in by_pid:
+                raise PlanError(f"zombie pid {z.pid} has a parent (pid {z.ppid}) that is not part of the job")
+
+    # ---- writing ----
+
+    def slot(self, kind: str, ino: int) -> int:
+        key = (kind, ino)
+        if key not in self.slots:
+            self.slots[key] = self.next_slot
+            self.next_slot += 1
+        return self.slots[key]
+
+    def anon_slot(self) -> int:
+        self.next_slot += 1
+        return self.next_slot - 1
+
+    def lines(self) -> Iterator[str]:
+        create: list[str] = []
+        bind: list[str] = []
+        connect: list[str] = []
+        data: list[str] = []
+        finish: list[str] = []
+
+        for pipe in self.pipes.values():
+            if pipe.ino in self.log_pipes:
+                create.append(f"log {self.slot('w', pipe.ino)} {pipe.ino} {self.log_pipes[pipe.ino]}")
+                continue
+            if pipe.fifo_path:
+                slot = self.slot("fifo", pipe.ino)
+                create.append(f"fifo {slot} {pipe.ino} {_hex(pipe.fifo_path)}")
+                if pipe.data:
+                    data.append(f"write {slot} {pipe.data.args()}")
+                continue
+            r, w = self.slot("r", pipe.ino), self.slot("w", pipe.ino)
+            create.append(f"pipe {r} {w} {pipe.ino} {pipe.size}")
+            if pipe.data and pipe.readers:
+                data.append(f"write {w} {pipe.data.args()}")
+            # an end no process of the job holds any more was closed
+            if not pipe.readers:
+                finish.append(f"close {r}")
+            if not pipe.writers:
+                finish.append(f"close {w}")
+
+        done: set[int] = set()
+        for s in self.sockets.values():
+            if s.ino in done:
+                continue
+            self._plan_socket(s, done, create, bind, connect, data, finish)
+
+        for obj in self.shm.values():
+            slot = self.slot("shm", obj.ino)
+            create.append(f"shm {slot} {obj.dev} {obj.ino} {obj.size} {_hex(obj.name)}")
+            if obj.fill is not None:
+                data.append(f"shmfill {slot} {_hex(str(obj.fill))}")
+
+        maxfd = max((int(fd.fd) for p in self.procs for fd in p.core.records["fds"]), default=2)
+        base = max(64, maxfd + 16)
+        yield "ckptd-plan 1"
+        yield f"slots {base} {self.next_slot}"
+        yield from create
+        yield from bind
+        yield from connect
+        yield from data
+        yield from finish
+        for p in self.procs:
+            yield f"proc {p.pid} {p.ppid} {p.pgid} {p.sid} {_hex(str(p.dir))}"
+        for z in self.zombies:
+            yield f"zombie {z.pid} {z.ppid} {z.pgid} {z.sid} {z.wstatus}"
+
+    def _refuse_socket(self, s: _Socket, why: str) -> None:
+        # a socket inherited from outside on stdin/stdout/stderr is replaced by the log
+        if all(fd <= 2 for _, fd in s.holders):
+            return
+        p, fd = next((h for h in s.holders if h[1] > 2), s.holders[0])
+        raise PlanError(f"{p.label()} fd {fd}: Unix socket {why}")
+
+    def _send_queue(self, s: _Socket, via: int, data: list[str]) -> None:
+        if not s.data:
+            return
+        op = "write" if s.type == SOCK_STREAM else "messages"
+        data.append(f"{op} {via} {s.data.args()}")
+
+    def _plan_socket(
+        self,
+        s: _Socket,
+        done: set[int],
+        create: list[str],
+        bind: list[str],
+        connect: list[str],
+        data: list[str],
+        finish: list[str],
+    ) -> None:
+        done.add(s.ino)
+        listen = constant("CK_SOCK_LISTEN")
+        connected = s.state == constant("CK_SOCK_CONNECTED")
+        peer = self.sockets.get(s.peer) if s.peer else None
+        if s.state == listen:
+            slot = self.slot("unix", s.ino)
+            create.append(f"socket {slot} {s.ino} {s.type}")
+            if not s.name:
+                return self._refuse_socket(s, "listens without an address")
+            bind.append(f"bind {slot} {_hex(s.name)}")
+            bind.append(f"listen {slot} {max(s.backlog, 1)}")
+            return None
+        if peer is not None and peer.peer == s.ino:
+            # both ends in the job: one socketpair
+            done.add(peer.ino)
+            a, b = self.slot("unix", s.ino), self.slot("unix", peer.ino)
+            create.append(f"socketpair {a} {s.ino} {b} {peer.ino} {s.type}")
+            self._send_queue(s, b, data)
+            self._send_queue(peer, a, data)
+            for sock, slot in ((s, a), (peer, b)):
+                how = {1: SHUT_RD, 2: SHUT_WR, 3: SHUT_RDWR}.get(sock.shutdown & 3)
+                if how is not None:
+                    finish.append(f"shutdown {slot} {how}")
+            return None
+        if s.peer and peer is None:
+            return self._refuse_socket(s, f"is connected to a process outside the job (peer inode {s.peer})")
+        slot = self.slot("unix", s.ino)
+        if connected and s.peer == 0 and s.type != SOCK_DGRAM:
+            # the peer closed: a pair whose other end is closed once the data is back
+            other = self.anon_slot()
+            create.append(f"socketpair {slot} {s.ino} {other} 0 {s.type}")
+            self._send_queue(s, other, data)
+            finish.append(f"close {other}")
+            return None
+        create.append(f"socket {slot} {s.ino} {s.type}")
+        if s.name:
+            bind.append(f"bind {slot} {_hex(s.name)}")
+        if peer is not None:
+            # a datagram socket connected to a bound one that did not connect back
+            if not peer.name:
+                return self._refuse_socket(s, "is connected to a socket without an address")
+            connect.append(f"connect {slot} {_hex(peer.name)}")
+            if s.data:
+                return self._refuse_socket(s, "has queued datagrams from the socket it is connected to")
+            return None
+        if s.data:
+            if s.type != SOCK_DGRAM or not s.name:
+                return self._refuse_socket(s, "has queued data but neither a peer nor an address")
+            data.append(f"sendto {s.type} {_hex(s.name)} {s.data.args()}")
+        return None
+
+
+def build_plan(procs: list[ProcessImage], zombies: list[Zombie], log_pipes: dict[int, int]) -> str:
+    """The plan's text; PlanError says why a tree cannot be rebuilt."""
+    planner = _Planner(procs, zombies, log_pipes)
+    planner.gather()
+    planner.check_tree()
+    return "\n".join(planner.lines()) + "\n"
+
+
+def load_processes(checkpoint: Path, manifest: dict[str, Any]) -> list[ProcessImage]:
+    return [
+        ProcessImage(checkpoint / p["dir"], CoreImage.load(checkpoint / p["dir"] / "core.img"))
+        for p in manifest.get("processes", [])
+    ]
+
+
+def plan_for_checkpoint(checkpoint: Path, manifest: dict[str, Any]) -> str:
+    zombies = [Zombie.from_dict(z) for z in manifest.get("zombies", [])]
+    log_pipes = {int(ino): fd for fd, ino in ((1, manifest.get("stdout_ino", 0)), (2, manifest.get("stderr_ino", 0)))}
+    log_pipes.pop(0, None)
+    return build_plan(load_processes(checkpoint, manifest), zombies, log_pipes)

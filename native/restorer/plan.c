@@ -1,0 +1,609 @@
+/*
+ * The restore plan: how a whole process tree comes back.
+ *
+ * The agent (ckptd/image/plan.py) reads every process's image and writes a
+ * text plan, one operation per line.  `ckptd-restore --build PLAN` runs as
+ * pid 2 of the new pid namespace and carries it out in two steps:
+ *
+ *   objects  everything several processes may share (pipes, FIFOs, Unix
+ *            sockets, shared memory) is created once, filled with the data
+ *            that was in flight, and kept at fixed descriptor numbers
+ *            ("slots", base + index) that every process inherits;
+ *   tree     each process forks its children with their old pids (clone3
+ *            set_tid), takes its session and process group, then execs
+ *            `ckptd-restore IMAGE_DIR --plan PLAN` for its own image.
+ *            Zombies are recreated by a child that exits at once.
+ *
+ * Each per-process restorer reads the plan's key lines to find the slot
+ * for each of its pipes, sockets and shared mappings (rst_slot_for), dups
+ * them into place and closes every slot before the job runs.
+ *
+ * Lines (numbers decimal, paths and names hex-encoded bytes):
+ *   slots BASE COUNT
+ *   pipe R W INO SIZE              fifo SLOT INO PATH
+ *   log SLOT INO STDFD             the job's stdout/stderr pipe to the relay
+ *   socket SLOT INO TYPE           socketpair A INO_A B INO_B TYPE
+ *   bind SLOT NAME   listen SLOT BACKLOG   connect SLOT NAME
+ *   write SLOT FILE OFF LEN        raw bytes (a pipe, or a stream socket's peer)
+ *   messages SLOT FILE OFF LEN     uint32-length records, one send() each
+ *   sendto TYPE NAME FILE OFF LEN  records sent from a temporary socket
+ *   shutdown SLOT HOW   close SLOT
+ *   shm SLOT DEV INO SIZE NAME     shmfill SLOT FILE
+ *   proc PID PPID PGID SID DIR     zombie PID PPID PGID SID WSTATUS
+ */
+#include "restorer.h"
+
+#include <errno.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+
+#ifndef F_SETPIPE_SZ
+#define F_SETPIPE_SZ 1031
+#endif
+#ifndef CLONE_PARENT
+#define CLONE_PARENT 0x00008000
+#endif
+#define MAX_PROCS 1024
+#define BOUNCE (1u << 20)
+
+struct rst_clone_args {
+    uint64_t flags, pidfd, child_tid, parent_tid, exit_signal, stack, stack_size, tls, set_tid, set_tid_size, cgroup;
+};
+
+/* ---- reading the plan ---- */
+
+struct line {
+    char *tok[8];
+    int ntok;
+};
+
+static char *next_line(char **cursor, char *end, struct line *l)
+{
+    char *p = *cursor;
+    if (p >= end)
+        return 0;
+    char *eol = p;
+    while (eol < end && *eol != '\n')
+        eol++;
+    *eol = 0;
+    *cursor = eol + 1;
+    l->ntok = 0;
+    for (char *q = p; *q && l->ntok < 8;) {
+        while (*q == ' ')
+            *q++ = 0;
+        if (!*q)
+            break;
+        l->tok[l->ntok++] = q;
+        while (*q && *q != ' ')
+            q++;
+    }
+    return p;
+}
+
+static uint64_t num(const struct line *l, int i)
+{
+    if (i >= l->ntok)
+        rst_fail("corrupt restore plan: a line is too short", l->ntok ? l->tok[0] : 0, 0);
+    const char *end;
+    uint64_t v = ck_parse_u64(l->tok[i], 10, &end);
+    if (*end)
+        rst_fail("corrupt restore plan: not a number", l->tok[i], 0);
+    return v;
+}
+
+/* hex-encoded bytes into out (NUL-terminated too); returns the length */
+static size_t unhex(const struct line *l, int i, char *out, size_t cap)
+{
+    if (i >= l->ntok)
+        rst_fail("corrupt restore plan: a line is too short", l->tok[0], 0);
+    const char *h = l->tok[i];
+    size_t n = 0;
+    if (h[0] == '-' && !h[1]) {
+        out[0] = 0;
+        return 0;
+    }
+    for (; h[0] && h[1] && n + 1 < cap; h += 2) {
+        char pair[3] = {h[0], h[1], 0};
+        out[n++] = (char)ck_parse_u64(pair, 16, 0);
+    }
+    out[n] = 0;
+    return n;
+}
+
+static char *read_plan(const char *path, uint64_t *size)
+{
+    long fd = ck_open(path, O_RDONLY | O_CLOEXEC, 0);
+    if (fd < 0)
+        rst_fail("cannot open the restore plan", path, fd);
+    struct stat st;
+    long rc = ck_fstat((int)fd, &st);
+    if (rc < 0)
+        rst_fail("cannot stat the restore plan", path, rc);
+    uint64_t len = (uint64_t)st.st_size;
+    char *buf = ck_mmap(0, (len + 4096) & ~4095ull, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (ck_mmap_failed(buf))
+        rst_fail("out of memory reading the restore plan", 0, (long)buf);
+    for (uint64_t done = 0; done < len;) {
+        long n = ck_read((int)fd, buf + done, len - done);
+        if (n == -EINTR)
+            continue;
+        if (n <= 0)
+            rst_fail("cannot read the restore plan", path, n);
+        done += (uint64_t)n;
+    }
+    ck_close((int)fd);
+    buf[len] = 0;
+    *size = len;
+    if (!ck_startswith(buf, "ckptd-plan 1\n"))
+        rst_fail("not a ckptd restore plan (or another version)", path, 0);
+    return buf;
+}
+
+static void add_key(uint32_t kind, uint64_t slot, uint64_t dev, uint64_t ino)
+{
+    if (rst.nkeys >= RST_MAX_KEYS)
+        rst_fail("the restore plan shares too many objects", 0, 0);
+    if (slot >= (uint64_t)rst.nslots)
+        rst_fail("corrupt restore plan: slot out of range", 0, 0);
+    struct rst_key *k = &rst.keys[rst.nkeys++];
+    k->kind = kind;
+    k->slot = (uint32_t)slot;
+    k->dev = dev;
+    k->ino = ino;
+}
+
+/* the lines that name a slot for some (kind, dev, ino); also remembered by the builder */
+static void parse_key_line(const struct line *l)
+{
+    const char *op = l->tok[0];
+    if (!ck_strcmp(op, "slots")) {
+        rst.slot_base = (int)num(l, 1);
+        rst.nslots = (int)num(l, 2);
+    } else if (!ck_strcmp(op, "pipe")) {
+        add_key(RST_KEY_PIPE_R, num(l, 1), 0, num(l, 3));
+        add_key(RST_KEY_PIPE_W, num(l, 2), 0, num(l, 3));
+    } else if (!ck_strcmp(op, "fifo")) {
+        add_key(RST_KEY_FIFO, num(l, 1), 0, num(l, 2));
+    } else if (!ck_strcmp(op, "log")) {
+        add_key(RST_KEY_PIPE_W, num(l, 1), 0, num(l, 2));
+    } else if (!ck_strcmp(op, "socket")) {
+        add_key(RST_KEY_UNIX, num(l, 1), 0, num(l, 2));
+    } else if (!ck_strcmp(op, "socketpair")) {
+        add_key(RST_KEY_UNIX, num(l, 1), 0, num(l, 2));
+        add_key(RST_KEY_UNIX, num(l, 3), 0, num(l, 4));
+    } else if (!ck_strcmp(op, "shm")) {
+        add_key(RST_KEY_SHM, num(l, 1), num(l, 2), num(l, 3));
+    }
+}
+
+void rst_load_plan_keys(const char *path)
+{
+    uint64_t size;
+    char *buf = read_plan(path, &size), *cur = buf;
+    struct line l;
+    rst.nkeys = 0;
+    while (next_line(&cur, buf + size, &l))
+        if (l.ntok)
+            parse_key_line(&l);
+    ck_munmap(buf, (size + 4096) & ~4095ull);
+}
+
+int rst_slot_for(uint32_t kind, uint64_t dev, uint64_t ino)
+{
+    for (int i = 0; i < rst.nkeys; i++) {
+        const struct rst_key *k = &rst.keys[i];
+        if (k->kind == kind && k->ino == ino && (kind != RST_KEY_SHM || k->dev == dev))
+            return rst.slot_base + (int)k->slot;
+    }
+    return -1;
+}
+
+void rst_close_slots(void)
+{
+    if (rst.nslots > 0)
+        ck_sc3(SYS_close_range, rst.slot_base, rst.slot_base + rst.nslots - 1, 0);
+}
+
+/* ---- the builder: shared objects ---- */
+
+static char *bounce;
+
+static int slot_fd(const struct line *l, int i)
+{
+    uint64_t s = num(l, i);
+    if (s >= (uint64_t)rst.nslots)
+        rst_fail("corrupt restore plan: slot out of range", l->tok[0], 0);
+    return rst.slot_base + (int)s;
+}
+
+/* put a new descriptor at its slot: inherited across fork and exec */
+static void to_slot(long fd, const struct line *l, int i, const char *what)
+{
+    if (fd < 0)
+        rst_fail(what, 0, fd);
+    int want = slot_fd(l, i);
+    if (fd != want) {
+        long rc = ck_dup3((int)fd, want, 0);
+        if (rc < 0)
+            rst_fail("cannot place a shared object at its slot", what, rc);
+        ck_close((int)fd);
+    }
+}
+
+static int sun_addr(const struct line *l, int i, struct sockaddr_un *sa)
+{
+    ck_memset(sa, 0, sizeof(*sa));
+    sa->sun_family = AF_UNIX;
+    size_t n = unhex(l, i, sa->sun_path, sizeof(sa->sun_path) + 1);
+    return (int)(__builtin_offsetof(struct sockaddr_un, sun_path) + n);
+}
+
+static long open_data(const struct line *l, int i)
+{
+    char path[1200];
+    unhex(l, i, path, sizeof(path));
+    long fd = ck_open(path, O_RDONLY | O_CLOEXEC, 0);
+    if (fd < 0)
+        rst_fail("cannot open saved data for the restore", path, fd);
+    return fd;
+}
+
+static void read_exact(long fd, void *buf, uint64_t n, uint64_t off)
+{
+    for (uint64_t done = 0; done < n;) {
+        long r = ck_pread((int)fd, (char *)buf + done, n - done, off + done);
+        if (r == -EINTR)
+            continue;
+        if (r <= 0)
+            rst_fail("saved queue data is truncated", 0, r < 0 ? r : -EIO);
+        done += (uint64_t)r;
+    }
+}
+
+/* raw bytes into a pipe or a stream socket, never blocking */
+static void op_write(const struct line *l)
+{
+    int to = slot_fd(l, 1);
+    long in = open_data(l, 2);
+    uint64_t off = num(l, 3), left = num(l, 4);
+    while (left) {
+        uint64_t n = left > BOUNCE ? BOUNCE : left;
+        read_exact(in, bounce, n, off);
+        for (uint64_t done = 0; done < n;) {
+            long w = ck_sendto(to, bounce + done, n - done, MSG_DONTWAIT, 0, 0);
+            if (w == -ENOTSOCK)
+                w = ck_write(to, bounce + done, n - done);
+            if (w == -EINTR)
+                continue;
+            if (w <= 0)
+                rst_fail("cannot put queued bytes back (the queue is smaller than at checkpoint time?)", 0, w);
+            done += (uint64_t)w;
+        }
+        off += n;
+        left -= n;
+    }
+    ck_close((int)in);
+}
+
+/* uint32-length records, one message each */
+static void send_records(int to, long in, uint64_t off, uint64_t len, const struct sockaddr_un *sa, int salen)
+{
+    uint64_t end = off + len;
+    while (off < end) {
+        uint32_t n;
+        read_exact(in, &n, sizeof(n), off);
+        off += sizeof(n);
+        if (n > BOUNCE || off + n > end)
+            rst_fail("corrupt saved datagram queue", 0, 0);
+        read_exact(in, bounce, n, off);
+        off += n;
+        long w;
+        do
+            w = ck_sendto(to, bounce, n, MSG_DONTWAIT, sa, (unsigned)salen);
+        while (w == -EINTR);
+        if (w != (long)n)
+            rst_fail("cannot put a queued message back", 0, w < 0 ? w : -EIO);
+    }
+}
+
+static void op_sendto(const struct line *l)
+{
+    struct sockaddr_un sa;
+    int salen = sun_addr(l, 2, &sa);
+    long s = ck_socket(AF_UNIX, (int)num(l, 1) | SOCK_CLOEXEC, 0);
+    if (s < 0)
+        rst_fail("cannot create a socket", 0, s);
+    long in = open_data(l, 3);
+    send_records((int)s, in, num(l, 4), num(l, 5), &sa, salen);
+    ck_close((int)in);
+    ck_close((int)s);
+}
+
+/* copy the data ranges of a saved file into a shared memory object */
+static void op_shmfill(const struct line *l)
+{
+    int to = slot_fd(l, 1);
+    long in = open_data(l, 2);
+    struct stat st;
+    long rc = ck_fstat((int)in, &st);
+    if (rc < 0)
+        rst_fail("cannot stat saved shared memory", 0, rc);
+    int64_t pos = 0, size = st.st_size;
+    while (pos < size) {
+        int64_t data = ck_lseek((int)in, pos, SEEK_DATA);
+        if (data == -ENXIO)
+            break;
+        if (data < 0)
+            data = pos;
+        int64_t hole = ck_lseek((int)in, data, SEEK_HOLE);
+        if (hole < 0 || hole > size)
+            hole = size;
+        for (int64_t a = data; a < hole;) {
+            uint64_t n = (uint64_t)(hole - a) > BOUNCE ? BOUNCE : (uint64_t)(hole - a);
+            read_exact(in, bounce, n, (uint64_t)a);
+            long w = ck_pwrite(to, bounce, n, a);
+            if (w != (long)n)
+                rst_fail("cannot refill shared memory", 0, w < 0 ? w : -EIO);
+            a += (int64_t)n;
+        }
+        pos = hole;
+    }
+    ck_close((int)in);
+}
+
+static void op_fifo(const struct line *l)
+{
+    char path[1200];
+    unhex(l, 3, path, sizeof(path));
+    long fd = ck_open(path, O_RDWR | O_NONBLOCK | O_CLOEXEC, 0);
+    if (fd == -ENOENT) {
+        long rc = ck_mknod(path, S_IFIFO | 0600, 0);
+        if (rc < 0)
+            rst_fail("cannot create a FIFO again", path, rc);
+        fd = ck_open(path, O_RDWR | O_NONBLOCK | O_CLOEXEC, 0);
+    }
+    to_slot(fd, l, 1, "cannot open a FIFO");
+}
+
+static void op_bind(const struct line *l)
+{
+    struct sockaddr_un sa;
+    int salen = sun_addr(l, 2, &sa);
+    int fd = slot_fd(l, 1);
+    if (sa.sun_path[0]) {
+        /* the socket file the killed job left behind */
+        struct stat st;
+        if (ck_stat(sa.sun_path, &st) == 0 && S_ISSOCK(st.st_mode))
+            ck_unlink(sa.sun_path);
+    }
+    long rc = ck_bind(fd, &sa, (unsigned)salen);
+    if (rc < 0)
+        rst_fail("cannot bind a Unix socket to its old address", sa.sun_path[0] ? sa.sun_path : sa.sun_path + 1, rc);
+}
+
+static void build_objects(char *buf, uint64_t size)
+{
+    char *cur = buf;
+    struct line l;
+    next_line(&cur, buf + size, &l);  /* header */
+    while (next_line(&cur, buf + size, &l)) {
+        if (!l.ntok)
+            continue;
+        const char *op = l.tok[0];
+        long rc = 0;
+        parse_key_line(&l);
+        if (!ck_strcmp(op, "slots")) {
+            struct rlimit nofile;
+            uint64_t need = (uint64_t)rst.slot_base + (uint64_t)rst.nslots + 64;
+            if (ck_prlimit(RLIMIT_NOFILE, 0, &nofile) == 0 && nofile.rlim_cur < need) {
+                nofile.rlim_cur = nofile.rlim_max < need ? nofile.rlim_max : need;
+                ck_prlimit(RLIMIT_NOFILE, &nofile, 0);
+            }
+        } else if (!ck_strcmp(op, "pipe")) {
+            int p[2];
+            rc = ck_pipe2(p, O_CLOEXEC | O_NONBLOCK);
+            if (rc < 0)
+                rst_fail("cannot create a pipe", 0, rc);
+            if (num(&l, 4))
+                ck_fcntl(p[1], F_SETPIPE_SZ, (long)num(&l, 4));
+            to_slot(p[0], &l, 1, "pipe");
+            to_slot(p[1], &l, 2, "pipe");
+        } else if (!ck_strcmp(op, "fifo")) {
+            op_fifo(&l);
+        } else if (!ck_strcmp(op, "log")) {
+            to_slot(ck_fcntl((int)num(&l, 3), F_DUPFD_CLOEXEC, 0), &l, 1, "the job's output pipe");
+        } else if (!ck_strcmp(op, "socket")) {
+            to_slot(ck_socket(AF_UNIX, (int)num(&l, 3) | SOCK_CLOEXEC, 0), &l, 1, "cannot create a Unix socket");
+        } else if (!ck_strcmp(op, "socketpair")) {
+            int sv[2];
+            rc = ck_socketpair(AF_UNIX, (int)num(&l, 5) | SOCK_CLOEXEC, 0, sv);
+            if (rc < 0)
+                rst_fail("cannot create a Unix socket pair", 0, rc);
+            to_slot(sv[0], &l, 1, "socketpair");
+            to_slot(sv[1], &l, 3, "socketpair");
+        } else if (!ck_strcmp(op, "bind")) {
+            op_bind(&l);
+        } else if (!ck_strcmp(op, "listen")) {
+            rc = ck_listen(slot_fd(&l, 1), (int)num(&l, 2));
+            if (rc < 0)
+                rst_fail("cannot listen on a Unix socket", 0, rc);
+        } else if (!ck_strcmp(op, "connect")) {
+            struct sockaddr_un sa;
+            int salen = sun_addr(&l, 2, &sa);
+            rc = ck_connect(slot_fd(&l, 1), &sa, (unsigned)salen);
+            if (rc < 0)
+                rst_fail("cannot connect a Unix socket to its old peer", sa.sun_path, rc);
+        } else if (!ck_strcmp(op, "write")) {
+            op_write(&l);
+        } else if (!ck_strcmp(op, "messages")) {
+            long in = open_data(&l, 2);
+            send_records(slot_fd(&l, 1), in, num(&l, 3), num(&l, 4), 0, 0);
+            ck_close((int)in);
+        } else if (!ck_strcmp(op, "sendto")) {
+            op_sendto(&l);
+        } else if (!ck_strcmp(op, "shutdown")) {
+            rc = ck_shutdown(slot_fd(&l, 1), (int)num(&l, 2));
+            if (rc < 0 && rc != -ENOTCONN)
+                rst_fail("cannot shut a socket down", 0, rc);
+        } else if (!ck_strcmp(op, "close")) {
+            ck_close(slot_fd(&l, 1));
+        } else if (!ck_strcmp(op, "shm")) {
+            char name[256];
+            unhex(&l, 5, name, sizeof(name));
+            rc = ck_memfd_create(name[0] ? name : "ckptd-shm", 1 /* MFD_CLOEXEC */);
+            if (rc >= 0) {
+                long t = ck_ftruncate((int)rc, (int64_t)num(&l, 4));
+                if (t < 0)
+                    rst_fail("cannot size shared memory", name, t);
+            }
+            to_slot(rc, &l, 1, "cannot create shared memory (memfd)");
+        } else if (!ck_strcmp(op, "shmfill")) {
+            op_shmfill(&l);
+        } else if (ck_strcmp(op, "proc") && ck_strcmp(op, "zombie")) {
+            rst_fail("corrupt restore plan: unknown operation", op, 0);
+        }
+    }
+}
+
+/* ---- the builder: the process tree ---- */
+
+struct plan_proc {
+    int pid, ppid, pgid, sid;
+    int zombie, wstatus;
+    char dir[1024];
+};
+
+static struct plan_proc *procs;
+static int nprocs;
+
+static void collect_procs(char *buf, uint64_t size)
+{
+    char *cur = buf;
+    struct line l;
+    procs = ck_mmap(0, sizeof(*procs) * MAX_PROCS, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (ck_mmap_failed(procs))
+        rst_fail("out of memory", 0, (long)procs);
+    while (next_line(&cur, buf + size, &l)) {
+        if (!l.ntok)
+            continue;
+        int zombie = !ck_strcmp(l.tok[0], "zombie");
+        if (ck_strcmp(l.tok[0], "proc") && !zombie)
+            continue;
+        if (nprocs >= MAX_PROCS)
+            rst_fail("too many processes in the restore plan", 0, 0);
+        struct plan_proc *p = &procs[nprocs++];
+        p->pid = (int)num(&l, 1);
+        p->ppid = (int)num(&l, 2);
+        p->pgid = (int)num(&l, 3);
+        p->sid = (int)num(&l, 4);
+        p->zombie = zombie;
+        if (zombie)
+            p->wstatus = (int)num(&l, 5);
+        else
+            unhex(&l, 5, p->dir, sizeof(p->dir));
+    }
+}
+
+static void die_as(const struct plan_proc *p) __attribute__((noreturn));
+static void die_as(const struct plan_proc *p)
+{
+    int sig = p->wstatus & 0x7f;
+    if (sig && sig != 0x7f) {
+        struct ck_kernel_sigaction dfl;
+        ck_memset(&dfl, 0, sizeof(dfl));
+        ck_rt_sigaction(sig, &dfl, 0);
+        uint64_t none = 0;
+        ck_sigprocmask(SIG_SETMASK, &none, 0);
+        ck_kill((int)ck_getpid(), sig);
+    }
+    ck_exit_group((p->wstatus >> 8) & 0xff);
+}
+
+static void become(int idx) __attribute__((noreturn));
+
+static void spawn(int idx, uint64_t flags)
+{
+    int64_t tid = procs[idx].pid;
+    struct rst_clone_args a;
+    ck_memset(&a, 0, sizeof(a));
+    a.flags = flags;
+    a.exit_signal = SIGCHLD;
+    a.set_tid = (uint64_t)&tid;
+    a.set_tid_size = 1;
+    long rc = ck_clone3(&a, sizeof(a));
+    if (rc < 0) {
+        char what[32];
+        struct ck_buf b;
+        ck_buf_init(&b, what, sizeof(what));
+        ck_buf_str(&b, "pid ");
+        ck_buf_u64(&b, (uint64_t)tid);
+        rst_fail("cannot recreate a process with its old pid (clone3 set_tid)", what, rc);
+    }
+    if (rc == 0) {
+        if (procs[idx].zombie)
+            die_as(&procs[idx]);
+        become(idx);
+    }
+}
+
+static void exec_restorer(const struct plan_proc *p) __attribute__((noreturn));
+static void exec_restorer(const struct plan_proc *p)
+{
+    static char status[1200];
+    struct ck_buf b;
+    ck_buf_init(&b, status, sizeof(status));
+    ck_buf_str(&b, rst.status_dir);
+    ck_buf_str(&b, "/restore-");
+    ck_buf_u64(&b, (uint64_t)p->pid);
+    ck_buf_str(&b, ".status");
+    char *argv[] = {rst.self_path, (char *)p->dir, "--status-file", status, "--agent-socket", rst.agent_socket,
+                    "--checkpoint", rst.checkpoint_id, "--plan", rst.plan_path, 0};
+    char *envp[] = {0};
+    long rc = ck_execve(rst.self_path, argv, envp);
+    rst_fail("cannot run the restorer for a process", rst.self_path, rc);
+}
+
+static void become(int idx)
+{
+    const struct plan_proc *p = &procs[idx];
+    long rc = 0;
+    if (p->sid == p->pid && ck_getsid(0) != p->pid)
+        rc = ck_setsid();
+    else if (p->pgid == p->pid && ck_getpgid(0) != p->pid)
+        rc = ck_setpgid(0, 0);
+    if (rc < 0)
+        rst_fail("cannot recreate a session or process group", 0, rc);
+    if (ck_getsid(0) != p->sid)
+        rst_fail("cannot restore a process's session (it was created by a process that is gone)", 0, 0);
+    if (ck_getpgid(0) != p->pgid) {
+        rc = ck_setpgid(0, p->pgid);
+        if (rc < 0)
+            rst_fail("cannot rejoin a process group (its leader is not back yet)", 0, rc);
+    }
+    for (int j = 0; j < nprocs; j++)
+        if (j != idx && procs[j].ppid == p->pid)
+            spawn(j, 0);
+    if (p->pid == 2)  /* orphans belong to pid 1: CLONE_PARENT makes them its children */
+        for (int j = 0; j < nprocs; j++)
+            if (procs[j].ppid == 1 && procs[j].pid != 2)
+                spawn(j, CLONE_PARENT);
+    exec_restorer(p);
+}
+
+void rst_build(void)
+{
+    uint64_t size;
+    char *buf = read_plan(rst.plan_path, &size);
+    bounce = ck_mmap(0, BOUNCE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (ck_mmap_failed(bounce))
+        rst_fail("out of memory", 0, (long)bounce);
+    build_objects(buf, size);
+    /* the lines were cut into tokens in place: read them again */
+    ck_munmap(buf, (size + 4096) & ~4095ull);
+    buf = read_plan(rst.plan_path, &size);
+    collect_procs(buf, size);
+    for (int i = 0; i < nprocs; i++)
+        if (procs[i].pid == (int)ck_getpid() && !procs[i].zombie)
+            become(i);
+    rst_fail("the restore plan has no process for pid 2", 0, 0);
+}

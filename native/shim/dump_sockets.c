@@ -1,0 +1,249 @@
+/*
+ * Unix domain sockets: what the restore plan needs to build each one again.
+ *
+ * The kernel tells us a socket's type, state, bound name, peer and shutdown
+ * state through NETLINK_SOCK_DIAG (unix_diag), queried by inode.  The bytes
+ * queued for reading are copied without consuming them: MSG_PEEK walking
+ * forward with SO_PEEK_OFF.  Datagram and seqpacket queues keep their
+ * message boundaries (each record is a uint32 length, then the bytes).
+ * Descriptors in flight (SCM_RIGHTS not yet received) refuse the checkpoint.
+ *
+ * Which process builds which socket, and how the two ends of a pair meet
+ * again, is decided from every process's image by the agent (ckptd/image/
+ * plan.py); the shim only describes what it holds.
+ */
+#include "shim.h"
+#include "../common/sys.h"
+#include "../common/util.h"
+
+#include <errno.h>
+#include <linux/netlink.h>
+#include <linux/sock_diag.h>
+#include <linux/unix_diag.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+
+#define PEEK_BUF (4u << 20)     /* the largest datagram we expect (wmem_max) */
+#define TCP_ESTABLISHED_ 1
+#define TCP_LISTEN_ 10
+
+struct diag_info {
+    uint32_t state;
+    uint32_t peer;
+    uint32_t icons;       /* connections waiting in accept() */
+    uint32_t backlog;
+    uint32_t shutdown;
+    uint32_t name_len;
+    char name[sizeof(((struct sockaddr_un *)0)->sun_path)];
+};
+
+int ck_sock_diag_open(void)
+{
+    return (int)ck_socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
+}
+
+static int query(int nl, uint32_t ino, struct diag_info *out)
+{
+    struct {
+        struct nlmsghdr nh;
+        struct unix_diag_req req;
+    } rq;
+    static char resp[16384];
+    ck_memset(&rq, 0, sizeof(rq));
+    rq.nh.nlmsg_len = sizeof(rq);
+    rq.nh.nlmsg_type = SOCK_DIAG_BY_FAMILY;
+    rq.nh.nlmsg_flags = NLM_F_REQUEST;
+    rq.req.sdiag_family = AF_UNIX;
+    rq.req.udiag_states = 0xffffffff;
+    rq.req.udiag_ino = ino;
+    rq.req.udiag_show = UDIAG_SHOW_NAME | UDIAG_SHOW_PEER | UDIAG_SHOW_ICONS | UDIAG_SHOW_RQLEN;
+    rq.req.udiag_cookie[0] = rq.req.udiag_cookie[1] = ~0u;
+    struct sockaddr_nl sa;
+    ck_memset(&sa, 0, sizeof(sa));
+    sa.nl_family = AF_NETLINK;
+    long rc = ck_sendto(nl, &rq, sizeof(rq), 0, &sa, sizeof(sa));
+    if (rc < 0)
+        return (int)rc;
+    long n;
+    do
+        n = ck_read(nl, resp, sizeof(resp));
+    while (n == -EINTR);
+    if (n < 0)
+        return (int)n;
+    struct nlmsghdr *nh = (void *)resp;
+    if (n < (long)sizeof(*nh) || nh->nlmsg_len > (uint32_t)n)
+        return -EIO;
+    if (nh->nlmsg_type == NLMSG_ERROR) {
+        struct nlmsgerr *e = NLMSG_DATA(nh);
+        return e->error ? e->error : -ENOENT;
+    }
+    struct unix_diag_msg *m = NLMSG_DATA(nh);
+    ck_memset(out, 0, sizeof(*out));
+    out->state = m->udiag_state;
+    char *p = (char *)(m + 1), *end = (char *)nh + nh->nlmsg_len;
+    while (p + sizeof(struct nlattr) <= end) {
+        struct nlattr *a = (void *)p;
+        if (a->nla_len < sizeof(*a) || p + a->nla_len > end)
+            break;
+        char *val = p + NLA_HDRLEN;
+        uint32_t len = a->nla_len - NLA_HDRLEN;
+        switch (a->nla_type) {
+        case UNIX_DIAG_NAME:
+            out->name_len = len < sizeof(out->name) ? len : (uint32_t)sizeof(out->name);
+            ck_memcpy(out->name, val, out->name_len);
+            break;
+        case UNIX_DIAG_PEER:
+            ck_memcpy(&out->peer, val, 4);
+            break;
+        case UNIX_DIAG_ICONS:
+            out->icons = len / 4;
+            break;
+        case UNIX_DIAG_RQLEN: {
+            struct unix_diag_rqlen q;
+            ck_memcpy(&q, val, sizeof(q));
+            out->backlog = q.udiag_wqueue;
+            break;
+        }
+        case UNIX_DIAG_SHUTDOWN:
+            out->shutdown = (uint8_t)val[0];
+            break;
+        default:
+            break;
+        }
+        p += NLA_ALIGN(a->nla_len);
+    }
+    return 0;
+}
+
+/* copy the receive queue without consuming it */
+static int peek_queue(struct ck_image *im, struct ck_fd *f, int fd)
+{
+    static char *buf;
+    if (!buf && !(buf = ck_arena_alloc(PEEK_BUF)))
+        return ck_image_fail(im, "cannot allocate checkpoint scratch memory", 0, 0);
+    int old_off = -1;
+    unsigned ol = sizeof(old_off);
+    ck_getsockopt(fd, SOL_SOCKET, SO_PEEK_OFF, &old_off, &ol);
+    int zero = 0;
+    long rc = ck_setsockopt(fd, SOL_SOCKET, SO_PEEK_OFF, &zero, sizeof(zero));
+    if (rc < 0)
+        return ck_image_fail(im, "cannot peek at a socket's queue (SO_PEEK_OFF)", 0, rc);
+    int stream = f->sock_type == SOCK_STREAM;
+    f->data_off = im->blob.count;
+    f->flags |= CK_FDF_DATA_SAVED;
+    int result = 0;
+    for (uint32_t guard = 0; guard < (1u << 24); guard++) {
+        union {
+            struct cmsghdr h;
+            char space[CMSG_SPACE(sizeof(int) * 64)];
+        } ctl;
+        struct iovec iov = {buf, PEEK_BUF};
+        struct msghdr msg;
+        ck_memset(&msg, 0, sizeof(msg));
+        msg.msg_iov = &iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = &ctl;
+        msg.msg_controllen = sizeof(ctl);
+        long n = ck_recvmsg(fd, &msg, MSG_PEEK | MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+        if (n == -EINTR)
+            continue;
+        if (n == -EAGAIN || (stream && n == 0))
+            break;
+        if (n < 0) {
+            result = ck_image_fail(im, "cannot read a socket's queue", 0, n);
+            break;
+        }
+        int fds_in_flight = (msg.msg_flags & MSG_CTRUNC) != 0;
+        for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+            if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+                int *passed = (int *)CMSG_DATA(c);
+                size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+                for (size_t i = 0; i < k; i++)
+                    ck_close(passed[i]);  /* peeking installed copies: drop them */
+                fds_in_flight = 1;
+            }
+        }
+        if (fds_in_flight) {
+            result = ck_image_fail(im, "a Unix socket has file descriptors in flight (SCM_RIGHTS sent, not yet "
+                                       "received); retry the checkpoint", 0, 0);
+            break;
+        }
+        if (msg.msg_flags & MSG_TRUNC) {
+            result = ck_image_fail(im, "a queued datagram is larger than 4 MiB", 0, 0);
+            break;
+        }
+        if (!stream) {
+            uint32_t len = (uint32_t)n;
+            if (ck_table_bytes_append(&im->blob, &len, sizeof(len)) == UINT64_MAX) {
+                result = ck_image_fail(im, "too much queued socket data", 0, 0);
+                break;
+            }
+            f->data_len += sizeof(len);
+            f->nqueued++;
+        }
+        if (n && ck_table_bytes_append(&im->blob, buf, (size_t)n) == UINT64_MAX) {
+            result = ck_image_fail(im, "too much queued socket data", 0, 0);
+            break;
+        }
+        f->data_len += (uint64_t)n;
+        if (stream)
+            f->nqueued = 1;
+    }
+    ck_setsockopt(fd, SOL_SOCKET, SO_PEEK_OFF, &old_off, sizeof(old_off));
+    return result;
+}
+
+static const char *family_name(int family)
+{
+    switch (family) {
+    case AF_INET: return "TCP/UDP over IPv4 socket";
+    case AF_INET6: return "TCP/UDP over IPv6 socket";
+    case AF_NETLINK: return "netlink socket";
+    case AF_PACKET: return "packet socket";
+    default: return "socket of an unsupported family";
+    }
+}
+
+int ck_dump_socket(struct ck_image *im, struct ck_fd *f, int nl, const char *target)
+{
+    int fd = f->fd, family = 0, type = 0;
+    unsigned len = sizeof(family);
+    if (ck_getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &family, &len) < 0 || family != AF_UNIX) {
+        if (fd <= 2) {
+            f->type = CK_FD_STDIO;  /* the launcher's socket: the log takes its place */
+            return 0;
+        }
+        return ck_fail_fd(im, fd, family_name(family), target);
+    }
+    len = sizeof(type);
+    long rc = ck_getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len);
+    if (rc < 0)
+        return ck_image_fail(im, "cannot read a socket's type", target, rc);
+    if (type != SOCK_STREAM && type != SOCK_DGRAM && type != SOCK_SEQPACKET)
+        return ck_fail_fd(im, fd, "Unix socket of an unknown type", target);
+    struct diag_info di;
+    rc = nl >= 0 ? query(nl, (uint32_t)f->ino, &di) : nl;
+    if (rc < 0)
+        return ck_image_fail(im, "cannot describe a Unix socket (NETLINK_SOCK_DIAG)", target, rc);
+    f->type = CK_FD_UNIX;
+    f->sock_type = (uint32_t)type;
+    f->peer_ino = di.peer;
+    f->shutdown = di.shutdown;
+    if (di.name_len) {
+        f->name_off = im->blob.count;
+        f->name_len = di.name_len;
+        if (ck_table_bytes_append(&im->blob, di.name, di.name_len) == UINT64_MAX)
+            return ck_image_fail(im, "too much socket data", 0, 0);
+    }
+    if (di.state == TCP_LISTEN_) {
+        f->sock_state = CK_SOCK_LISTEN;
+        f->backlog = di.backlog;
+        if (di.icons)
+            return ck_image_fail(im, "a listening Unix socket has connections not yet accepted; retry the checkpoint",
+                                 target, 0);
+        return 0;
+    }
+    f->sock_state = di.state == TCP_ESTABLISHED_ ? CK_SOCK_CONNECTED : CK_SOCK_UNCONNECTED;
+    return peek_queue(im, f, fd);
+}
