@@ -5,6 +5,7 @@
  *  - sigaction/signal/sigprocmask/pthread_sigmask: the quiesce signal
  *    belongs to ckptd.  Programs may neither replace its handler nor block
  *    it, or a checkpoint could never park their threads.
+ *  - syscall(): io_uring_setup answers ENOSYS (see below).
  *
  * The real functions are found with dlsym(RTLD_NEXT) once, in the
  * constructor, before the program runs; open() goes straight to the
@@ -192,4 +193,29 @@ CK_EXPORT int pthread_sigmask(int how, const sigset_t *set, sigset_t *old)
     if (!real_pthread_sigmask)
         real_pthread_sigmask = (sigmask_fn)dlsym(RTLD_NEXT, "pthread_sigmask");
     return real_pthread_sigmask(how, without_owned(how, set, &copy), old);
+}
+
+/* ---- io_uring ----
+ * A ring's state lives in kernel memory shared with the process, which no
+ * checkpoint can save and put back.  So a job is told io_uring is not there
+ * (ENOSYS, as Docker's default seccomp profile does) and libraries fall back
+ * to epoll and threads: libuv, in torch's TCPStore, does.  With
+ * CKPTD_ALLOW_IO_URING=1 the ring is made, and a checkpoint names it.
+ * glibc's syscall() is a plain trap with six arguments; so is this one. */
+CK_EXPORT long syscall(long n, ...)
+{
+    va_list ap;
+    long a[6];
+    va_start(ap, n);
+    for (int i = 0; i < 6; i++)
+        a[i] = va_arg(ap, long);
+    va_end(ap);
+    long rc = (n == SYS_io_uring_setup && ck_shim.hide_io_uring)
+                  ? -ENOSYS
+                  : ck_sc6(n, a[0], a[1], a[2], a[3], a[4], a[5]);
+    if (rc < 0 && rc > -4096) {
+        errno = (int)-rc;
+        return -1;
+    }
+    return rc;
 }

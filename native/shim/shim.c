@@ -365,6 +365,8 @@ __attribute__((constructor)) static void ck_shim_init(void)
     if (ck_quiesce_install(ck_shim.quiesce_signal) < 0)
         return;
     ck_shim.active = 1;
+    const char *uring = getenv("CKPTD_ALLOW_IO_URING");
+    ck_shim.hide_io_uring = !(uring && uring[0] == '1');
     pthread_atfork(0, 0, after_fork_child);
     if (connect_agent() < 0 || send_hello(0) < 0)
         drop_connection();  /* the checkpoint thread keeps retrying */

@@ -25,6 +25,7 @@ struct ck_shim_state {
     int active;               /* launched under ckptd and registered */
     int agent_fd;             /* connection to the agent, or -1 */
     int quiesce_signal;
+    int hide_io_uring;        /* io_uring_setup() through syscall() says ENOSYS */
     char job[128];
     char socket_path[108];
 };
