@@ -27,6 +27,8 @@ from .core import CoreImage, constant
 
 SOCK_STREAM, SOCK_DGRAM, SOCK_SEQPACKET = 1, 2, 5
 SHUT_RD, SHUT_WR, SHUT_RDWR = 0, 1, 2
+AF_INET, AF_INET6 = 2, 10
+BIG_QUEUE = 64 << 10  # bytes in flight above which socket buffers are widened first
 
 
 class PlanError(CkptdError):
@@ -120,6 +122,58 @@ class _Socket:
     holders: list[tuple[ProcessImage, int]] = field(default_factory=list)
 
 
+Endpoint = tuple[bytes, int]  # (IPv6 or v4-mapped address, port)
+
+
+def endpoint(raw: bytes) -> Endpoint:
+    """A sockaddr_in or sockaddr_in6 as an IPv6 address and a port, so that
+    an IPv4 client and the IPv6 socket a dual-stack listener accepted match."""
+    family = int.from_bytes(raw[0:2], "little")
+    port = int.from_bytes(raw[2:4], "big")
+    if family == AF_INET:
+        return b"\0" * 10 + b"\xff\xff" + raw[4:8], port
+    return raw[8:24], port
+
+
+def show_endpoint(ep: Endpoint) -> str:
+    addr, port = ep
+    if addr[:12] == b"\0" * 10 + b"\xff\xff":
+        return f"{'.'.join(str(b) for b in addr[12:])}:{port}"
+    return f"[{':'.join(addr[i : i + 2].hex() for i in range(0, 16, 2))}]:{port}"
+
+
+def _is_wildcard(addr: bytes) -> bool:
+    return addr in (b"\0" * 16, b"\0" * 10 + b"\xff\xff" + b"\0" * 4)
+
+
+@dataclass
+class _Tcp:
+    ino: int
+    family: int
+    state: int
+    opts: int
+    local: bytes  # raw sockaddr
+    peer: bytes
+    backlog: int
+    rcvbuf: int
+    sndbuf: int
+    data: _Data | None  # the receive queue
+    unsent: _Data | None  # written, not yet sent
+    holders: list[tuple[ProcessImage, int]] = field(default_factory=list)
+
+    @property
+    def local_ep(self) -> Endpoint:
+        return endpoint(self.local)
+
+    @property
+    def peer_ep(self) -> Endpoint:
+        return endpoint(self.peer)
+
+    def label(self) -> str:
+        p, fd = self.holders[0]
+        return f"{p.label()} fd {fd}"
+
+
 @dataclass
 class _Shm:
     dev: int
@@ -148,6 +202,7 @@ class _Planner:
         self.log_pipes = log_pipes
         self.pipes: dict[int, _Pipe] = {}
         self.sockets: dict[int, _Socket] = {}
+        self.tcp: dict[int, _Tcp] = {}
         self.shm: dict[tuple[int, int], _Shm] = {}
         self.next_slot = 0
         self.slots: dict[tuple[str, int], int] = {}
@@ -161,6 +216,8 @@ class _Planner:
                     self._gather_pipe(p, fd)
                 elif fd.type == constant("CK_FD_UNIX"):
                     self._gather_socket(p, fd)
+                elif fd.type == constant("CK_FD_TCP"):
+                    self._gather_tcp(p, fd)
                 elif fd.type == constant("CK_FD_SHMEM"):
                     key = (int(fd.dev), int(fd.ino))
                     obj = self.shm.setdefault(key, _Shm(key[0], key[1], 0, _shm_name(p.core.string(fd.path))))
@@ -210,6 +267,30 @@ class _Planner:
         if s.data is None and data is not None and data.length:
             s.data = data
         s.holders.append((p, int(fd.fd)))
+
+    def _gather_tcp(self, p: ProcessImage, fd: Any) -> None:
+        ino = int(fd.ino)
+        t = self.tcp.get(ino)
+        if t is None:
+            blob = p.core.blobs["blob"]
+            unsent = None
+            if fd.sndq_len:
+                unsent = _Data(p.core.path, p.core.blob_file_offset() + int(fd.sndq_off), int(fd.sndq_len))
+            t = _Tcp(
+                ino=ino,
+                family=int(fd.sock_family),
+                state=int(fd.sock_state),
+                opts=int(fd.sock_opts),
+                local=bytes(blob[int(fd.name_off) : int(fd.name_off) + int(fd.name_len)]),
+                peer=bytes(blob[int(fd.peer_off) : int(fd.peer_off) + int(fd.peer_len)]),
+                backlog=int(fd.backlog),
+                rcvbuf=int(fd.rcvbuf),
+                sndbuf=int(fd.sndbuf),
+                data=_data_of(p, fd),
+                unsent=unsent,
+            )
+            self.tcp[ino] = t
+        t.holders.append((p, int(fd.fd)))
 
     # ---- checks on the tree ----
 
@@ -282,6 +363,8 @@ class _Planner:
                 continue
             self._plan_socket(s, done, create, bind, connect, data, finish)
 
+        self._plan_tcp(create, bind, connect, data, finish)
+
         for obj in self.shm.values():
             slot = self.slot("shm", obj.ino)
             create.append(f"shm {slot} {obj.dev} {obj.ino} {obj.size} {_hex(obj.name)}")
@@ -301,6 +384,68 @@ class _Planner:
             yield f"proc {p.pid} {p.ppid} {p.pgid} {p.sid} {_hex(str(p.dir))}"
         for z in self.zombies:
             yield f"zombie {z.pid} {z.ppid} {z.pgid} {z.sid} {z.wstatus}"
+
+    def _plan_tcp(
+        self, create: list[str], bind: list[str], connect: list[str], data: list[str], finish: list[str]
+    ) -> None:
+        """Listeners first, bound to their old addresses; then each connection
+        made again with its old four addresses: the client end binds its old
+        port and connects, the server end is accepted (from the job's own
+        listener on that port, or a temporary one); then the bytes in flight."""
+        listen, connected = constant("CK_SOCK_LISTEN"), constant("CK_SOCK_CONNECTED")
+        listeners: dict[int, list[tuple[bytes, int]]] = {}
+        for t in self.tcp.values():
+            slot = self.slot("tcp", t.ino)
+            create.append(f"tcp {slot} {t.ino} {t.family} {t.opts}")
+            finish.append(f"tcpopts {slot} {t.opts}")
+            if t.state == listen:
+                addr, port = t.local_ep
+                bind.append(f"tcpbind {slot} {_hex(t.local)}")
+                bind.append(f"listen {slot} {max(t.backlog, 1)}")
+                listeners.setdefault(port, []).append((addr, slot))
+            elif t.state != connected and t.local_ep[1]:
+                bind.append(f"tcpbind {slot} {_hex(t.local)}")
+
+        def listener_for(ep: Endpoint) -> int | None:
+            for addr, slot in listeners.get(ep[1], []):
+                if addr == ep[0] or _is_wildcard(addr):
+                    return slot
+            return None
+
+        ends = {(t.local_ep, t.peer_ep): t for t in self.tcp.values() if t.state == connected}
+        done: set[int] = set()
+        for t in self.tcp.values():
+            if t.state != connected or t.ino in done:
+                continue
+            peer = ends.get((t.peer_ep, t.local_ep))
+            if peer is None:
+                raise PlanError(
+                    f"{t.label()}: TCP connection {show_endpoint(t.local_ep)} -> {show_endpoint(t.peer_ep)} "
+                    "leads outside the job; only connections between the job's own processes can be restored"
+                )
+            done |= {t.ino, peer.ino}
+            # the server end is the one on a port the job listens on (the
+            # placeholder socket made for it is replaced by the accepted one)
+            if listener_for(t.peer_ep) is not None:
+                client, server = t, peer
+            elif listener_for(peer.peer_ep) is not None:
+                client, server = peer, t
+            else:
+                client, server = (t, peer) if t.ino < peer.ino else (peer, t)
+            c, s = self.slot("tcp", client.ino), self.slot("tcp", server.ino)
+            lslot = listener_for(server.local_ep)
+            connect.append(
+                f"tcppair {c} {s} {-1 if lslot is None else lslot} {server.family} "
+                f"{_hex(server.local)} {_hex(client.local)} {_hex(client.peer)}"
+            )
+            for sender, receiver, ss, rs in ((client, server, c, s), (server, client, s, c)):
+                queued = [q for q in (receiver.data, sender.unsent) if q and q.length]
+                size = sum(q.length for q in queued)
+                if size > BIG_QUEUE:
+                    data.append(f"sockbuf {ss} {max(sender.sndbuf, size)} 0")
+                    data.append(f"sockbuf {rs} 0 {max(receiver.rcvbuf, size)}")
+                # what the receiver had not read yet, then what the sender had not sent
+                data.extend(f"write {ss} {q.args()}" for q in queued)
 
     def _refuse_socket(self, s: _Socket, why: str) -> None:
         # a socket inherited from outside on stdin/stdout/stderr is replaced by the log

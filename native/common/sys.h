@@ -211,6 +211,7 @@ CK_ALWAYS_INLINE long ck_connect(int fd, const void *addr, unsigned len) { retur
 CK_ALWAYS_INLINE long ck_socketpair(int dom, int type, int proto, int sv[2]) { return ck_sc4(SYS_socketpair, dom, type, proto, sv); }
 CK_ALWAYS_INLINE long ck_bind(int fd, const void *addr, unsigned len) { return ck_sc3(SYS_bind, fd, addr, len); }
 CK_ALWAYS_INLINE long ck_listen(int fd, int backlog) { return ck_sc2(SYS_listen, fd, backlog); }
+CK_ALWAYS_INLINE long ck_accept4(int fd, int flags) { return ck_sc4(SYS_accept4, fd, 0, 0, flags); }
 CK_ALWAYS_INLINE long ck_shutdown(int fd, int how) { return ck_sc2(SYS_shutdown, fd, how); }
 CK_ALWAYS_INLINE long ck_sendto(int fd, const void *buf, size_t n, int flags, const void *addr, unsigned alen)
 {

@@ -97,6 +97,9 @@ void rst_restore_fds(const struct rst_image *im)
         case CK_FD_UNIX:
             tmp = from_slot(f, RST_KEY_UNIX, path);
             break;
+        case CK_FD_TCP:
+            tmp = from_slot(f, RST_KEY_TCP, path);
+            break;
         case CK_FD_SHMEM: {
             tmp = from_slot(f, RST_KEY_SHM, path);
             long rc = ck_lseek(tmp, (int64_t)f->pos, SEEK_SET);

@@ -29,11 +29,18 @@
  *   sendto TYPE NAME FILE OFF LEN  records sent from a temporary socket
  *   shutdown SLOT HOW   close SLOT
  *   shm SLOT DEV INO SIZE NAME     shmfill SLOT FILE
+ *   tcp SLOT INO FAMILY OPTS       tcpbind SLOT SOCKADDR   tcpopts SLOT OPTS
+ *   tcppair C S LISTENER|-1 FAMILY S_ADDR C_ADDR C_PEER
+ *                                  C binds C_ADDR, connects to C_PEER; the
+ *                                  accepted end is S
+ *   sockbuf SLOT SNDBUF RCVBUF     widen buffers before a large queue goes back
  *   proc PID PPID PGID SID DIR     zombie PID PPID PGID SID WSTATUS
  */
 #include "restorer.h"
 
 #include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 
@@ -173,6 +180,8 @@ static void parse_key_line(const struct line *l)
         add_key(RST_KEY_UNIX, num(l, 3), 0, num(l, 4));
     } else if (!ck_strcmp(op, "shm")) {
         add_key(RST_KEY_SHM, num(l, 1), num(l, 2), num(l, 3));
+    } else if (!ck_strcmp(op, "tcp")) {
+        add_key(RST_KEY_TCP, num(l, 1), 0, num(l, 2));
     }
 }
 
@@ -381,6 +390,125 @@ static void op_bind(const struct line *l)
         rst_fail("cannot bind a Unix socket to its old address", sa.sun_path[0] ? sa.sun_path : sa.sun_path + 1, rc);
 }
 
+/* ---- TCP ---- */
+
+static void set_int(int fd, int level, int name, int value, const char *what)
+{
+    long rc = ck_setsockopt(fd, level, name, &value, sizeof(value));
+    if (rc < 0)
+        rst_fail("cannot set a socket option", what, rc);
+}
+
+static void tcp_socket_opts(int fd, uint32_t opts)
+{
+    set_int(fd, IPPROTO_TCP, TCP_NODELAY, !!(opts & CK_SOCKOPT_NODELAY), "TCP_NODELAY");
+    set_int(fd, SOL_SOCKET, SO_KEEPALIVE, !!(opts & CK_SOCKOPT_KEEPALIVE), "SO_KEEPALIVE");
+    set_int(fd, SOL_SOCKET, SO_REUSEADDR, !!(opts & CK_SOCKOPT_REUSEADDR), "SO_REUSEADDR");
+}
+
+/* a TCP socket; SO_REUSEADDR while the restore binds old ports (the killed
+ * job's connections may linger in TIME_WAIT), the real value at the end */
+static long tcp_socket(int family, uint32_t opts)
+{
+    long fd = ck_socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return fd;
+    set_int((int)fd, SOL_SOCKET, SO_REUSEADDR, 1, "SO_REUSEADDR");
+    if (opts & CK_SOCKOPT_REUSEPORT)
+        set_int((int)fd, SOL_SOCKET, SO_REUSEPORT, 1, "SO_REUSEPORT");
+    if (family == AF_INET6)
+        set_int((int)fd, IPPROTO_IPV6, IPV6_V6ONLY, !!(opts & CK_SOCKOPT_V6ONLY), "IPV6_V6ONLY");
+    return fd;
+}
+
+/* bind to an old address even while the killed job's connections linger
+ * on it in TIME_WAIT: repair mode forces the reuse (it needs CAP_NET_ADMIN;
+ * without it SO_REUSEADDR must do) */
+static long tcp_bind_addr(int fd, const char *addr, size_t len)
+{
+    rst_tcp_clear_time_wait(addr, len);  /* best effort: needs CAP_NET_ADMIN */
+    int on = 1, off = -1;                /* TCP_REPAIR_OFF_NO_WP */
+    int repair = ck_setsockopt(fd, SOL_TCP, TCP_REPAIR, &on, sizeof(on)) == 0;
+    long rc = ck_bind(fd, addr, (unsigned)len);
+    if (repair) {
+        ck_setsockopt(fd, SOL_TCP, TCP_REPAIR, &off, sizeof(off));
+        set_int(fd, SOL_SOCKET, SO_REUSEADDR, 1, "SO_REUSEADDR");
+    }
+    return rc;
+}
+
+static void tcp_bind(int fd, const struct line *l, int i)
+{
+    char addr[128];
+    size_t n = unhex(l, i, addr, sizeof(addr));
+    long rc = tcp_bind_addr(fd, addr, n);
+    if (rc < 0)
+        rst_fail("cannot bind a TCP socket to its old address (is the port taken on this node?)", 0, rc);
+}
+
+static long connect_retry(int fd, const char *addr, size_t len)
+{
+    long rc;
+    do
+        rc = ck_connect(fd, addr, (unsigned)len);
+    while (rc == -EINTR);
+    return rc;
+}
+
+/* the connection again: the client end from its old port to the server's
+ * old address, the server end accepted there */
+static void op_tcppair(const struct line *l)
+{
+    int client = slot_fd(l, 1);
+    int temporary = l->tok[3][0] == '-';
+    long listener;
+    if (temporary) {
+        listener = tcp_socket((int)num(l, 4), 0);
+        if (listener < 0)
+            rst_fail("cannot create a TCP socket", 0, listener);
+        tcp_bind((int)listener, l, 5);
+        long rc = ck_listen((int)listener, 1);
+        if (rc < 0)
+            rst_fail("cannot listen on a TCP socket", 0, rc);
+    } else {
+        listener = slot_fd(l, 3);
+    }
+    char local[128], peer[128];
+    size_t nlocal = unhex(l, 6, local, sizeof(local)), npeer = unhex(l, 7, peer, sizeof(peer));
+    long rc = tcp_bind_addr(client, local, nlocal);
+    if (rc == 0)
+        rc = connect_retry(client, peer, npeer);
+    if (rc == -EADDRNOTAVAIL || rc == -EADDRINUSE) {
+        /* the old connection's TIME_WAIT still owns these four addresses (for
+         * about a second on loopback): the client end takes a new port */
+        int family = 0;
+        unsigned flen = sizeof(family);
+        ck_getsockopt(client, SOL_SOCKET, SO_DOMAIN, &family, &flen);
+        to_slot(tcp_socket(family, 0), l, 1, "cannot create a TCP socket");
+        rc = connect_retry(client, peer, npeer);
+    }
+    if (rc < 0)
+        rst_fail("cannot connect a TCP connection again", 0, rc);
+    long server;
+    do
+        server = ck_accept4((int)listener, SOCK_CLOEXEC);
+    while (server == -EINTR);
+    to_slot(server, l, 2, "cannot accept a TCP connection again");
+    if (temporary)
+        ck_close((int)listener);
+}
+
+static void op_sockbuf(const struct line *l)
+{
+    int fd = slot_fd(l, 1);
+    int snd = (int)num(l, 2), rcv = (int)num(l, 3);
+    /* root may exceed the system's maximum; others get what it allows */
+    if (snd && ck_setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &snd, sizeof(snd)) < 0)
+        ck_setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &snd, sizeof(snd));
+    if (rcv && ck_setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &rcv, sizeof(rcv)) < 0)
+        ck_setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcv, sizeof(rcv));
+}
+
 static void build_objects(char *buf, uint64_t size)
 {
     char *cur = buf;
@@ -459,6 +587,16 @@ static void build_objects(char *buf, uint64_t size)
             to_slot(rc, &l, 1, "cannot create shared memory (memfd)");
         } else if (!ck_strcmp(op, "shmfill")) {
             op_shmfill(&l);
+        } else if (!ck_strcmp(op, "tcp")) {
+            to_slot(tcp_socket((int)num(&l, 3), (uint32_t)num(&l, 4)), &l, 1, "cannot create a TCP socket");
+        } else if (!ck_strcmp(op, "tcpbind")) {
+            tcp_bind(slot_fd(&l, 1), &l, 2);
+        } else if (!ck_strcmp(op, "tcppair")) {
+            op_tcppair(&l);
+        } else if (!ck_strcmp(op, "tcpopts")) {
+            tcp_socket_opts(slot_fd(&l, 1), (uint32_t)num(&l, 2));
+        } else if (!ck_strcmp(op, "sockbuf")) {
+            op_sockbuf(&l);
         } else if (ck_strcmp(op, "proc") && ck_strcmp(op, "zombie")) {
             rst_fail("corrupt restore plan: unknown operation", op, 0);
         }

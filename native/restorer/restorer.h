@@ -33,6 +33,7 @@
 #define RST_KEY_FIFO 3
 #define RST_KEY_UNIX 4
 #define RST_KEY_SHM 5
+#define RST_KEY_TCP 6
 struct rst_key {
     uint32_t kind;
     uint32_t slot;
@@ -137,6 +138,9 @@ void rst_load_plan_keys(const char *path);
 int rst_slot_for(uint32_t kind, uint64_t dev, uint64_t ino);  /* descriptor, or -1 */
 void rst_close_slots(void);
 void rst_build(void) __attribute__((noreturn));
+
+/* tcp_diag.c: destroy TIME_WAIT sockets on a local address; count or -errno */
+long rst_tcp_clear_time_wait(const void *addr, size_t len);
 
 /* fds.c */
 void rst_restore_fds(const struct rst_image *im);

@@ -43,7 +43,7 @@ static void fd_path(char *out, size_t cap, const char *dir, int fd)
 
 int ck_fail_fd(struct ck_image *im, int fd, const char *why, const char *target)
 {
-    char what[128];
+    char what[320];
     struct ck_buf b;
     ck_buf_init(&b, what, sizeof(what));
     ck_buf_str(&b, "unsupported file descriptor ");

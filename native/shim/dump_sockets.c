@@ -8,6 +8,8 @@
  * message boundaries (each record is a uint32 length, then the bytes).
  * Descriptors in flight (SCM_RIGHTS not yet received) refuse the checkpoint.
  *
+ * TCP sockets are described in dump_tcp.c.
+ *
  * Which process builds which socket, and how the two ends of a pair meet
  * again, is decided from every process's image by the agent (ckptd/image/
  * plan.py); the shim only describes what it holds.
@@ -117,7 +119,7 @@ static int query(int nl, uint32_t ino, struct diag_info *out)
 }
 
 /* copy the receive queue without consuming it */
-static int peek_queue(struct ck_image *im, struct ck_fd *f, int fd)
+int ck_peek_queue(struct ck_image *im, struct ck_fd *f, int fd)
 {
     static char *buf;
     if (!buf && !(buf = ck_arena_alloc(PEEK_BUF)))
@@ -197,8 +199,8 @@ static int peek_queue(struct ck_image *im, struct ck_fd *f, int fd)
 static const char *family_name(int family)
 {
     switch (family) {
-    case AF_INET: return "TCP/UDP over IPv4 socket";
-    case AF_INET6: return "TCP/UDP over IPv6 socket";
+    case AF_INET: return "UDP or raw IPv4 socket";
+    case AF_INET6: return "UDP or raw IPv6 socket";
     case AF_NETLINK: return "netlink socket";
     case AF_PACKET: return "packet socket";
     default: return "socket of an unsupported family";
@@ -209,7 +211,12 @@ int ck_dump_socket(struct ck_image *im, struct ck_fd *f, int nl, const char *tar
 {
     int fd = f->fd, family = 0, type = 0;
     unsigned len = sizeof(family);
-    if (ck_getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &family, &len) < 0 || family != AF_UNIX) {
+    if (ck_getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &family, &len) == 0 && (family == AF_INET || family == AF_INET6)) {
+        len = sizeof(type);
+        if (ck_getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) == 0 && type == SOCK_STREAM && fd > 2)
+            return ck_dump_tcp(im, f, family, target);
+    }
+    if (family != AF_UNIX) {
         if (fd <= 2) {
             f->type = CK_FD_STDIO;  /* the launcher's socket: the log takes its place */
             return 0;
@@ -245,5 +252,5 @@ int ck_dump_socket(struct ck_image *im, struct ck_fd *f, int nl, const char *tar
         return 0;
     }
     f->sock_state = di.state == TCP_ESTABLISHED_ ? CK_SOCK_CONNECTED : CK_SOCK_UNCONNECTED;
-    return peek_queue(im, f, fd);
+    return ck_peek_queue(im, f, fd);
 }

@@ -107,6 +107,10 @@ int ck_fail_fd(struct ck_image *im, int fd, const char *why, const char *target)
 /* ---- dump_sockets.c ---- */
 int ck_sock_diag_open(void) CK_HIDDEN;
 int ck_dump_socket(struct ck_image *im, struct ck_fd *f, int diag_fd, const char *target) CK_HIDDEN;
+int ck_peek_queue(struct ck_image *im, struct ck_fd *f, int fd) CK_HIDDEN;
+
+/* ---- dump_tcp.c ---- */
+int ck_dump_tcp(struct ck_image *im, struct ck_fd *f, int family, const char *target) CK_HIDDEN;
 
 /* ---- files.c ---- */
 void ck_files_track_fd(int fd) CK_HIDDEN;

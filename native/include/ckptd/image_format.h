@@ -153,8 +153,16 @@ struct ck_page_run {
 #define CK_FD_DUP 8              /* same open file description as ck_fd.dup_of */
 #define CK_FD_UNIX 9             /* Unix domain socket: recreated by the restore plan */
 #define CK_FD_SHMEM 10           /* memfd or deleted tmpfs file: contents in files/shm-<ino>.data */
+#define CK_FD_TCP 11             /* TCP socket (IPv4/IPv6): recreated by the restore plan */
 
-/* ck_fd.sock_state (CK_FD_UNIX) */
+/* ck_fd.sock_opts (CK_FD_TCP): options set again on the new socket */
+#define CK_SOCKOPT_NODELAY 0x1
+#define CK_SOCKOPT_KEEPALIVE 0x2
+#define CK_SOCKOPT_REUSEADDR 0x4
+#define CK_SOCKOPT_REUSEPORT 0x8
+#define CK_SOCKOPT_V6ONLY 0x10
+
+/* ck_fd.sock_state (CK_FD_UNIX, CK_FD_TCP) */
 #define CK_SOCK_UNCONNECTED 0
 #define CK_SOCK_CONNECTED 1
 #define CK_SOCK_LISTEN 2
@@ -196,6 +204,16 @@ struct ck_fd {
     uint32_t backlog;           /* CK_SOCK_LISTEN */
     uint32_t nqueued;           /* messages in data: dgram/seqpacket records are a
                                    little-endian uint32 length, then the bytes */
+    /* CK_FD_TCP (name_off/name_len: the local sockaddr; data: the receive queue) */
+    uint32_t sock_family;       /* AF_INET, AF_INET6 */
+    uint32_t sock_opts;         /* CK_SOCKOPT_* */
+    uint64_t peer_off;          /* the remote sockaddr in BLOB */
+    uint32_t peer_len;
+    uint32_t rcvbuf;            /* SO_RCVBUF, SO_SNDBUF as read */
+    uint64_t sndq_off;          /* written but not yet sent (Nagle, a full window) */
+    uint64_t sndq_len;
+    uint32_t sndbuf;
+    uint32_t pad0;
 };
 
 struct ck_epoll_target {

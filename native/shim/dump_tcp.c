@@ -1,0 +1,162 @@
+/*
+ * TCP sockets: what the restore plan needs to build each one again.
+ *
+ * Saved per socket: family, state (listening, connected, or neither), the
+ * local and remote addresses, the options that change behaviour (Nagle,
+ * keepalive, address reuse, v6-only), the buffer sizes, and the bytes in
+ * flight:
+ *   receive queue  arrived, not yet read: copied with MSG_PEEK, so the job
+ *                  still reads them if the checkpoint is aborted;
+ *   send queue     written, not yet sent (Nagle waiting for an ACK, or a
+ *                  full window).  Bytes already sent are in the peer's
+ *                  receive queue, which its own process saves.  The unsent
+ *                  tail is first given a moment to leave; if it stays, it
+ *                  is read in TCP repair mode (CAP_NET_ADMIN).
+ *
+ * Which two sockets are the ends of one connection is decided by the agent
+ * from every process's image (ckptd/image/plan.py): a connection whose peer
+ * is not in the job is refused there, with both addresses.
+ */
+#include "shim.h"
+#include "../common/sys.h"
+#include "../common/util.h"
+
+#include <errno.h>
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+
+#define UNSENT_WAIT_MS 200
+#define MAX_SNDQ (64u << 20)
+
+static const char *const state_names[] = {
+    "?", "established", "connecting (SYN sent)", "connecting (SYN received)", "closing (FIN wait 1)",
+    "closing (FIN wait 2)", "time wait", "closed", "closing (peer closed, close wait)", "closing (last ACK)",
+    "listening", "closing",
+};
+
+static int opt_on(int fd, int level, int name)
+{
+    int v = 0;
+    unsigned len = sizeof(v);
+    return ck_getsockopt(fd, level, name, &v, &len) == 0 && v;
+}
+
+static uint32_t opt_u32(int fd, int level, int name)
+{
+    int v = 0;
+    unsigned len = sizeof(v);
+    return ck_getsockopt(fd, level, name, &v, &len) == 0 && v > 0 ? (uint32_t)v : 0;
+}
+
+/* an address into BLOB; returns its offset, or UINT64_MAX */
+static uint64_t save_addr(struct ck_image *im, int fd, int peer, uint32_t *len_out)
+{
+    struct sockaddr_in6 sa;
+    unsigned len = sizeof(sa);
+    ck_memset(&sa, 0, sizeof(sa));
+    long rc = ck_sc3(peer ? SYS_getpeername : SYS_getsockname, fd, &sa, &len);
+    if (rc < 0 || len > sizeof(sa))
+        return UINT64_MAX;
+    *len_out = len;
+    return ck_table_bytes_append(&im->blob, &sa, len);
+}
+
+static int ioctl_int(int fd, unsigned long req)
+{
+    int v = 0;
+    return ck_ioctl(fd, req, &v) < 0 ? -1 : v;
+}
+
+/* the written-but-unsent tail of the send queue, if any stays */
+static int save_unsent(struct ck_image *im, struct ck_fd *f, int fd)
+{
+    int unsent = ioctl_int(fd, SIOCOUTQNSD);
+    for (int waited = 0; unsent > 0 && waited < UNSENT_WAIT_MS; waited += 5) {
+        ck_nanosleep_ms(5);  /* an ACK releases what Nagle holds back */
+        unsent = ioctl_int(fd, SIOCOUTQNSD);
+    }
+    if (unsent <= 0)
+        return 0;
+    int queued = ioctl_int(fd, SIOCOUTQ);
+    if (queued < unsent || (uint32_t)queued > MAX_SNDQ)
+        return ck_fail_fd(im, f->fd, "TCP socket with an unreadable send queue; retry the checkpoint", 0);
+    int on = 1;
+    long rc = ck_setsockopt(fd, SOL_TCP, TCP_REPAIR, &on, sizeof(on));
+    if (rc < 0)
+        return ck_fail_fd(im, f->fd,
+                          "TCP socket whose peer is not reading (its unsent bytes can only be saved with "
+                          "CAP_NET_ADMIN); retry the checkpoint",
+                          0);
+    char *buf = ck_arena_alloc((size_t)queued);
+    int q = TCP_SEND_QUEUE;
+    long n = -ENOMEM;
+    if (buf && (n = ck_setsockopt(fd, SOL_TCP, TCP_REPAIR_QUEUE, &q, sizeof(q))) == 0)
+        n = ck_sc6(SYS_recvfrom, fd, (long)buf, queued, MSG_PEEK | MSG_DONTWAIT, 0, 0);
+    int off = -1;  /* TCP_REPAIR_OFF_NO_WP: leave repair mode without a window probe */
+    ck_setsockopt(fd, SOL_TCP, TCP_REPAIR, &off, sizeof(off));
+    if (n != queued)
+        return ck_image_fail(im, "cannot read a TCP send queue in repair mode", 0, n < 0 ? n : -EIO);
+    f->sndq_off = ck_table_bytes_append(&im->blob, buf + (queued - unsent), (size_t)unsent);
+    if (f->sndq_off == UINT64_MAX)
+        return ck_image_fail(im, "too much queued socket data", 0, 0);
+    f->sndq_len = (uint64_t)unsent;
+    return 0;
+}
+
+int ck_dump_tcp(struct ck_image *im, struct ck_fd *f, int family, const char *target)
+{
+    int fd = f->fd;
+    struct tcp_info ti;
+    unsigned len = sizeof(ti);
+    ck_memset(&ti, 0, sizeof(ti));
+    long rc = ck_getsockopt(fd, SOL_TCP, TCP_INFO, &ti, &len);
+    if (rc < 0)
+        return ck_image_fail(im, "cannot read a TCP socket's state (TCP_INFO)", target, rc);
+    f->type = CK_FD_TCP;
+    f->sock_type = SOCK_STREAM;
+    f->sock_family = (uint32_t)family;
+    f->sock_opts = (opt_on(fd, SOL_TCP, TCP_NODELAY) ? CK_SOCKOPT_NODELAY : 0) |
+                   (opt_on(fd, SOL_SOCKET, SO_KEEPALIVE) ? CK_SOCKOPT_KEEPALIVE : 0) |
+                   (opt_on(fd, SOL_SOCKET, SO_REUSEADDR) ? CK_SOCKOPT_REUSEADDR : 0) |
+                   (opt_on(fd, SOL_SOCKET, SO_REUSEPORT) ? CK_SOCKOPT_REUSEPORT : 0) |
+                   (family == AF_INET6 && opt_on(fd, IPPROTO_IPV6, IPV6_V6ONLY) ? CK_SOCKOPT_V6ONLY : 0);
+    f->rcvbuf = opt_u32(fd, SOL_SOCKET, SO_RCVBUF);
+    f->sndbuf = opt_u32(fd, SOL_SOCKET, SO_SNDBUF);
+    f->name_off = save_addr(im, fd, 0, &f->name_len);
+    if (f->name_off == UINT64_MAX)
+        return ck_image_fail(im, "cannot read a TCP socket's address", target, 0);
+
+    switch (ti.tcpi_state) {
+    case TCP_LISTEN:
+        f->sock_state = CK_SOCK_LISTEN;
+        f->backlog = ti.tcpi_sacked;  /* for a listener: the backlog it asked for */
+        if (ti.tcpi_unacked)          /* and this: connections not yet accepted */
+            return ck_fail_fd(im, fd, "listening TCP socket with connections not yet accepted; retry the checkpoint",
+                              target);
+        return 0;
+    case TCP_CLOSE:
+        f->sock_state = CK_SOCK_UNCONNECTED;  /* made (and maybe bound), never connected */
+        return 0;
+    case TCP_ESTABLISHED:
+        break;
+    default: {
+        static char why[96];
+        struct ck_buf b;
+        ck_buf_init(&b, why, sizeof(why));
+        ck_buf_str(&b, "TCP connection that is ");
+        ck_buf_str(&b, ti.tcpi_state < sizeof(state_names) / sizeof(state_names[0]) ? state_names[ti.tcpi_state] : "?");
+        ck_buf_str(&b, "; retry the checkpoint");
+        return ck_fail_fd(im, fd, why, target);
+    }
+    }
+    f->sock_state = CK_SOCK_CONNECTED;
+    f->peer_off = save_addr(im, fd, 1, &f->peer_len);
+    if (f->peer_off == UINT64_MAX)
+        return ck_image_fail(im, "cannot read a TCP connection's peer address", target, 0);
+    if (save_unsent(im, f, fd) < 0)
+        return -1;
+    return ck_peek_queue(im, f, fd);
+}
