@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -172,6 +172,25 @@ class Ckptd:
         for pid in self.init_pids() + self.daemon_pids():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def kill_restart_twice(c: Ckptd, job: str, mark: Callable[[int], str], at: tuple[int, ...]) -> list[dict]:
+    """Three checkpoints at progress marks at[0..2]; kill at at[3]; restart
+    from the latest; kill again at at[4]; restart from the first."""
+    infos = []
+    for n in at[:3]:
+        c.wait_log(job, mark(n))
+        infos.append(c.checkpoint(job))
+        assert c.status(job)["state"] == "running"  # the job keeps running
+    assert [i["id"] for i in infos] == [1, 2, 3]
+    c.wait_log(job, mark(at[3]))
+    c.kill9(job)
+    assert c.status(job)["state"] == "failed"
+    c.ctl("restart", job)
+    c.wait_log(job, mark(at[4]))
+    c.kill9(job)
+    c.ctl("restart", job, "--from", "1")
+    return infos
 
 
 @contextlib.contextmanager

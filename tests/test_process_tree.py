@@ -1,0 +1,152 @@
+"""Round trips of whole process trees: every process checkpointed together,
+all of them SIGKILLed, the tree rebuilt (same pids, parents, sessions and
+groups, the pipes, sockets and shared memory between them, the bytes in
+flight), and the final output byte for byte an uninterrupted run's."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import PYTHON, WORKLOADS, Ckptd, kill_restart_twice, run_plain
+
+TORCH_VERSION = "2.13.0"  # a CPU wheel that lies on these machines' disks
+
+
+MARKS = (50, 150, 250, 350, 500)  # progress at which to checkpoint (3x), kill, kill again
+
+
+def round_trip(c: Ckptd, job: str, argv: list[str], mark: str, nprocs: int, *, at: tuple[int, ...] = MARKS) -> str:
+    """The job's final stdout after kill_restart_twice at progress marks
+    mark.format(n); at least nprocs processes in every checkpoint."""
+    c.launch(job, argv)
+    infos = kill_restart_twice(c, job, mark.format, at)
+    assert all(i["processes"] >= nprocs for i in infos), infos
+    assert c.wait(job) == 0
+    return c.log(job, "stdout")
+
+
+def test_fork_pipes_shared_anonymous_memory(ckptd: Ckptd) -> None:
+    argv = [PYTHON, str(WORKLOADS / "tree_pipes.py"), "700"]
+    expected = run_plain(argv).stdout
+    assert round_trip(ckptd, "tree", argv, r"^step {} ", 2) == expected
+    assert expected.splitlines()[-1].startswith("child exit 7 ")
+
+
+def test_multiprocessing_pool_queue_shared_memory_pipe(ckptd: Ckptd) -> None:
+    argv = [PYTHON, str(WORKLOADS / "mp_pool.py"), "600"]
+    expected = run_plain(argv).stdout
+    # the parent, the producer Process and two Pool workers
+    assert round_trip(ckptd, "mp", argv, r"^step {} ", 4) == expected
+
+
+def test_shell_pipeline(ckptd: Ckptd) -> None:
+    pipeline = f"{PYTHON} {WORKLOADS / 'producer.py'} 700 | tr a-z A-Z | {PYTHON} {WORKLOADS / 'consumer.py'}"
+    argv = ["bash", "-c", pipeline]
+    expected = run_plain(argv).stdout
+    assert round_trip(ckptd, "pipe", argv, r"^consumed {} ", 3) == expected
+
+
+def test_unix_sockets_with_data_in_flight(ckptd: Ckptd, tmp_path: Path) -> None:
+    argv = [PYTHON, str(WORKLOADS / "unix_ipc.py"), "700"]
+    expected = run_plain([*argv, str(tmp_path / "ref.sock")]).stdout
+    got = round_trip(ckptd, "unix", [*argv, str(tmp_path / "job.sock")], r"^round {} ", 2)
+    assert got == expected
+    assert "passed: via scm_rights" in got
+
+
+def test_lifecycle_fifo_memfd_sessions_signals_spawn(ckptd: Ckptd, tmp_path: Path) -> None:
+    ref, live = tmp_path / "ref", tmp_path / "live"
+    ref.mkdir()
+    live.mkdir()
+    argv = [PYTHON, str(WORKLOADS / "lifecycle.py"), "700"]
+    expected = run_plain([*argv, str(ref)]).stdout
+    got = round_trip(ckptd, "life", [*argv, str(live)], r"^round {} ", 3)
+    assert got == expected
+    assert "zombie exit 5" in got and "grouped exit 9" in got
+
+
+def test_tcp_loopback_between_processes(ckptd: Ckptd) -> None:
+    argv = [PYTHON, str(WORKLOADS / "tcp_ipc.py"), "700"]
+    expected = run_plain(argv).stdout
+    assert round_trip(ckptd, "tcp", argv, r"^round {} ", 2) == expected
+
+
+def test_checkpoints_while_children_come_and_go(ckptd: Ckptd) -> None:
+    """fork/exit/wait, subprocess and posix_spawn many times a second: every
+    checkpoint lands on a consistent tree, whatever is being created or reaped."""
+    argv = [PYTHON, str(WORKLOADS / "busy.py"), "1200"]
+    expected = run_plain(argv).stdout
+    ckptd.launch("busy", argv)
+    ckptd.wait_log("busy", r"^round 100 ")
+    infos = [ckptd.checkpoint("busy") for _ in range(6)]
+    assert [i["id"] for i in infos] == [1, 2, 3, 4, 5, 6]
+    ckptd.kill9("busy")
+    ckptd.ctl("restart", "busy")
+    ckptd.wait_log("busy", r"^round 900 ")
+    ckptd.kill9("busy")
+    ckptd.ctl("restart", "busy", "--from", "2")
+    assert ckptd.wait("busy") == 0
+    assert ckptd.log("busy", "stdout") == expected
+
+
+# ---- PyTorch (CPU): installed only for these tests ----
+
+
+@pytest.fixture(scope="session")
+def torch_path(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A PYTHONPATH entry under which `import torch` works: the environment's
+    own torch, or torch==2.13.0 installed into a cache directory."""
+    probe = subprocess.run([PYTHON, "-c", "import torch"], capture_output=True)
+    if probe.returncode == 0:
+        yield ""
+        return
+    target = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ckptd-tests" / f"torch-{TORCH_VERSION}"
+    if not (target / "torch").is_dir():
+        shutil.rmtree(target, ignore_errors=True)
+        p = subprocess.run(
+            [PYTHON, "-m", "pip", "install", "-q", "--target", str(target), f"torch=={TORCH_VERSION}"],
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        if p.returncode != 0:
+            pytest.skip(f"torch=={TORCH_VERSION} is not installable here: {p.stderr.strip()[-300:]}")
+    yield str(target)
+
+
+def torch_env(c: Ckptd, torch_path: str) -> dict[str, str]:
+    if torch_path:
+        c.env["PYTHONPATH"] = torch_path
+    return {"PYTHONPATH": torch_path} if torch_path else {}
+
+
+def test_torch_dataloader_workers(ckptd: Ckptd, torch_path: str, tmp_path: Path) -> None:
+    env = torch_env(ckptd, torch_path)
+    ref, live = tmp_path / "ref", tmp_path / "live"
+    ref.mkdir()
+    live.mkdir()
+    argv = [PYTHON, str(WORKLOADS / "torch_dataloader.py"), "40"]
+    expected = run_plain([*argv, str(ref)], env=env).stdout
+    got = round_trip(ckptd, "dl", [*argv, str(live)], r"^step {} ", 3)
+    assert got == expected
+    assert (live / "model.pt").read_bytes() == (ref / "model.pt").read_bytes()
+
+
+def test_torchrun_gloo_two_ranks(ckptd: Ckptd, torch_path: str) -> None:
+    """torchrun's agent and its two ranks: the TCPStore and gloo's TCP
+    connections over loopback, checkpointed in the middle of all_reduces."""
+    env = torch_env(ckptd, torch_path)
+    run = [PYTHON, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+
+    def argv(port: int) -> list[str]:
+        return [*run, "--master-port", str(port), str(WORKLOADS / "ddp_gloo.py"), "700"]
+
+    expected = run_plain(argv(29531), env=env).stdout
+    assert expected.splitlines()[-1].endswith("ranks agree True")
+    got = round_trip(ckptd, "ddp", argv(29532), r"^step {} ", 3)
+    assert got == expected
