@@ -5,8 +5,11 @@ intact and restorable)."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -238,9 +241,9 @@ def test_process_that_escaped_the_shim(ckptd: Ckptd, tmp_path: Path) -> None:
     ckptd.ctl("kill", "esc")
 
 
-SOCKETS = """
-import socket, time
-a, b = socket.socketpair()
+INOTIFY = """
+import ctypes, time
+assert ctypes.CDLL(None).inotify_init() >= 0
 for i in range(400):
     print("tick", i, flush=True)
     time.sleep(0.02)
@@ -248,11 +251,78 @@ for i in range(400):
 
 
 def test_unsupported_descriptor_named(ckptd: Ckptd, tmp_path: Path) -> None:
-    launch_script(ckptd, tmp_path, "sock", SOCKETS)
-    assert_refused(ckptd, "sock", "unsupported file descriptor", "socket")
-    assert ckptd.ctl_json("list", "sock") == []
-    assert ckptd.wait("sock") == 0
-    assert ckptd.log("sock").splitlines()[-1] == "tick 399"
+    launch_script(ckptd, tmp_path, "inot", INOTIFY)
+    assert_refused(ckptd, "inot", "unsupported file descriptor", "inotify", "pid 2")
+    assert ckptd.ctl_json("list", "inot") == []
+    assert ckptd.wait("inot") == 0
+    assert ckptd.log("inot").splitlines()[-1] == "tick 399"
+
+
+TCP_OUT = """
+import socket, sys, time
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+for i in range(300):
+    s.sendall(b"x")
+    assert s.recv(1) == b"x"
+    print("tick", i, flush=True)
+    time.sleep(0.02)
+"""
+
+
+def test_tcp_connection_leaving_the_job_refused(ckptd: Ckptd, tmp_path: Path) -> None:
+    """A connection to a server outside the job cannot come back by itself:
+    refused with both addresses, the job runs on, nothing is committed."""
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    def echo() -> None:
+        conn, _ = server.accept()
+        with conn:
+            while data := conn.recv(64):
+                conn.sendall(data)
+
+    threading.Thread(target=echo, daemon=True).start()
+    script = tmp_path / "tcp_out.py"
+    script.write_text(TCP_OUT)
+    ckptd.launch("tout", [PYTHON, str(script), str(port)])
+    ckptd.wait_log("tout", r"^tick 3$")
+    assert_refused(ckptd, "tout", "TCP connection", f"127.0.0.1:{port}", "outside the job")
+    assert ckptd.ctl_json("list", "tout") == []
+    assert ckptd.wait("tout") == 0
+    assert ckptd.log("tout").splitlines()[-1] == "tick 299"
+    server.close()
+
+
+IO_URING = """
+import ctypes, os, time
+libc = ctypes.CDLL(None, use_errno=True)
+params = ctypes.create_string_buffer(120)
+fd = libc.syscall(425, 8, params)  # io_uring_setup through glibc's syscall()
+print("io_uring", "fd" if fd >= 0 else os.strerror(ctypes.get_errno()), flush=True)
+for i in range(400):
+    print("tick", i, flush=True)
+    time.sleep(0.02)
+"""
+
+
+@pytest.mark.parametrize("allow", [False, True])
+def test_io_uring_hidden_or_refused(ckptd: Ckptd, tmp_path: Path, allow: bool) -> None:
+    """A ring's state is kernel memory no checkpoint can carry: by default a
+    job is told io_uring does not exist (libraries fall back to epoll) and
+    checkpoints work; with CKPTD_ALLOW_IO_URING=1 it gets the ring and a
+    checkpoint is refused, naming it."""
+    if allow:
+        ckptd.env["CKPTD_ALLOW_IO_URING"] = "1"
+    launch_script(ckptd, tmp_path, "uring", IO_URING)
+    first = ckptd.log("uring").splitlines()[0]
+    if allow:
+        assert first == "io_uring fd"
+        assert_refused(ckptd, "uring", "io_uring")
+        ckptd.ctl("kill", "uring")
+    else:
+        assert first == f"io_uring {os.strerror(errno.ENOSYS)}"
+        assert ckptd.checkpoint("uring")["id"] == 1
+        ckptd.ctl("kill", "uring")
 
 
 def test_two_checkpoints_at_once(ckptd: Ckptd, outdir: Path) -> None:
@@ -298,21 +368,32 @@ def test_posix_timers_refused_not_dropped(ckptd: Ckptd, tmp_path: Path) -> None:
     ckptd.ctl("kill", "ptimer")
 
 
-CHILD = """
-import subprocess, time
-child = subprocess.Popen(["sleep", "60"])
-for i in range(400):
+TREE_WITH_STATIC = """
+import subprocess, sys, time
+child = subprocess.Popen([sys.argv[1]])
+for i in range(1500):
     print("tick", i, flush=True)
     time.sleep(0.02)
 child.kill()
 """
 
 
-def test_process_tree_refused_for_now(ckptd: Ckptd, tmp_path: Path) -> None:
-    """Children run fine under the shim, but this version checkpoints
-    single-process jobs only: refused with the pids, the job runs on."""
-    launch_script(ckptd, tmp_path, "tree", CHILD)
+def test_process_in_tree_that_escaped_the_shim(ckptd: Ckptd, tmp_path: Path) -> None:
+    """One process of a tree cannot be checkpointed: the refusal names it
+    (its pid in the job and its program), and the whole tree runs on."""
+    src = tmp_path / "static.c"
+    src.write_text(STATIC)
+    exe = tmp_path / "static"
+    subprocess.run(["gcc", "-static", "-O2", str(src), "-o", str(exe)], check=True)
+    script = tmp_path / "tree.py"
+    script.write_text(TREE_WITH_STATIC)
+    ckptd.launch("tree", [PYTHON, str(script), str(exe)])
+    ckptd.wait_log("tree", r"^static 3$")
+    ckptd.wait_log("tree", r"^tick 3$")
     st = ckptd.status("tree")
-    assert len(st["pids"]) == 2 and all(p["under_shim"] for p in st["processes"])
-    assert_refused(ckptd, "tree", "2 processes", "single-process")
-    assert ckptd.wait("tree") == 0
+    escaped = [p for p in st["processes"] if not p["under_shim"]]
+    assert len(st["pids"]) == 2 and len(escaped) == 1
+    assert_refused(ckptd, "tree", f"pid {escaped[0]['pid']} in the job", str(exe), "not running under the ckptd shim")
+    assert ckptd.ctl_json("list", "tree") == []
+    assert len(ckptd.status("tree")["pids"]) == 2  # the whole tree runs on
+    ckptd.ctl("kill", "tree")
