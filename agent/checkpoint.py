@@ -291,7 +291,9 @@ class Checkpointer:
                     mapped[mf["path"]] = mf
         # a file the job writes comes back from its saved copy: no identity to check
         read_entries = [
-            dict(e, **{ALGORITHM: self.identities.content_hash(path)}) for path, e in read.items() if path not in written
+            dict(e, **{ALGORITHM: self.identities.content_hash(path)})
+            for path, e in read.items()
+            if path not in written
         ]
         mapped_entries = [
             dict(e, **{ALGORITHM: self.identities.content_hash(path)})

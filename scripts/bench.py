@@ -3,7 +3,7 @@
 sizes, next to the raw sequential bandwidth of the same directory measured
 in the same run (times are ckptd's own, without the CLI's start-up).  Writes a Markdown table (stdout, and --out FILE).
 
-    scripts/bench.py [--dir DIR] [--sizes 256,1024,4096] [--out BENCHMARKS.md]
+    scripts/bench.py [--dir DIR] [--sizes 256,1024,4096] [--trees 8x256] [--out BENCHMARKS.md]
 
 Per size: raw write (write + fsync, through the page cache like ckptd) and
 raw read (page cache dropped with POSIX_FADV_DONTNEED); then the workload is
@@ -12,8 +12,9 @@ committed, including checksums and fsync), its pause is measured from its
 own progress timestamps, it is killed with SIGKILL, its checkpoint files are
 evicted from the page cache, and `ckptctl restart` is timed (verification
 of every checksum plus the restore).  Ratios compare ckptd's throughput on
-the image with the raw bandwidth.  DMTCP is measured too when dmtcp_launch
-is on PATH.
+the image with the raw bandwidth.  --trees adds process trees (8x256: eight
+processes of 256 MiB each), checkpointed and restarted as one job.  DMTCP
+is measured too when dmtcp_launch is on PATH.
 """
 
 from __future__ import annotations
@@ -97,20 +98,20 @@ def wait_line(log: Path, prefix: str, after: int = 0, timeout: float = 300) -> s
 
 def gap(c: Ckptd, job: str, log: Path) -> float:
     n = len(log.read_text().splitlines())
-    (pid,) = c.json("ckptctl", "status", job)["pids"]
-    os.kill(pid, signal.SIGUSR1)
+    first = [p["host_pid"] for p in c.json("ckptctl", "status", job)["processes"] if p["pid"] == 2]
+    os.kill(first[0], signal.SIGUSR1)
     return float(wait_line(log, "max_gap_s", after=n).split()[1])
 
 
-def bench_size(base: Path, mib: int) -> dict[str, float]:
-    size = mib << 20
+def bench_size(base: Path, mib: int, procs: int = 1) -> dict[str, float]:
+    size = (mib << 20) * procs
     raw = base / "raw.bin"
     w = raw_write(raw, size)
     r = raw_read(raw)
     raw.unlink()
 
     c = Ckptd(base / "home")
-    job = f"bench-{mib}"
+    job = f"bench-{procs}x{mib}"
     ckpt_dir = base / "ckpt"
     c.run(
         "ckptd",
@@ -124,6 +125,7 @@ def bench_size(base: Path, mib: int) -> dict[str, float]:
         sys.executable,
         str(WORKLOAD),
         str(mib),
+        str(procs),
     )
     log = ckpt_dir / job / "output.log"
     wait_line(log, "ready")
@@ -146,6 +148,7 @@ def bench_size(base: Path, mib: int) -> dict[str, float]:
     image = int(info["size_bytes"])
     return {
         "mib": mib,
+        "procs": procs,
         "raw_write": w,
         "raw_read": r,
         "ckpt_s": ckpt_s,
@@ -171,7 +174,7 @@ def table(rows: list[dict[str, float]], where: Path) -> str:
     body = ""
     for r in rows:
         cells = [
-            f"{r['mib']} MiB",
+            f"{r['mib']} MiB" if r["procs"] == 1 else f"{r['procs']} x {r['mib']} MiB",
             f"{r['ckpt_s']:.2f}",
             f"{r['paused_s']:.3f}",
             f"{r['image'] / 2**20:.0f}",
@@ -194,6 +197,7 @@ def main() -> int:
         "--dir", help="directory to measure and store checkpoints in (default: a temporary one under /var/tmp)"
     )
     ap.add_argument("--sizes", default="256,1024,4096", help="resident sizes in MiB, comma-separated")
+    ap.add_argument("--trees", default="8x256", help="process trees, PROCSxMIB, comma-separated ('' for none)")
     ap.add_argument("--out", help="also write the table to this file")
     args = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="ckptd-bench-", dir=args.dir or "/var/tmp"))
@@ -202,6 +206,10 @@ def main() -> int:
         for mib in (int(s) for s in args.sizes.split(",")):
             print(f"benchmarking {mib} MiB ...", file=sys.stderr, flush=True)
             rows.append(bench_size(base, mib))
+        for tree in filter(None, args.trees.split(",")):
+            procs, mib = (int(x) for x in tree.split("x"))
+            print(f"benchmarking {procs} processes of {mib} MiB ...", file=sys.stderr, flush=True)
+            rows.append(bench_size(base, mib, procs))
         if shutil.which("dmtcp_launch"):
             print("dmtcp_launch found, but the DMTCP comparison is not implemented yet", file=sys.stderr)
         else:

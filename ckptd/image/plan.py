@@ -183,6 +183,21 @@ class _Shm:
     fill: Path | None = None
 
 
+@dataclass
+class _Steps:
+    """The plan's object lines, grouped in the order the builder needs them."""
+
+    create: list[str] = field(default_factory=list)  # every object made once
+    bind: list[str] = field(default_factory=list)  # named; listening
+    connect: list[str] = field(default_factory=list)  # connected to each other
+    data: list[str] = field(default_factory=list)  # the bytes in flight put back
+    finish: list[str] = field(default_factory=list)  # unheld ends closed, options set
+
+    def __iter__(self) -> Iterator[str]:
+        for group in (self.create, self.bind, self.connect, self.data, self.finish):
+            yield from group
+
+
 def _data_of(p: ProcessImage, fd: Any) -> _Data | None:
     if not fd.flags & constant("CK_FDF_DATA_SAVED"):
         return None
@@ -331,63 +346,53 @@ class _Planner:
         return self.next_slot - 1
 
     def lines(self) -> Iterator[str]:
-        create: list[str] = []
-        bind: list[str] = []
-        connect: list[str] = []
-        data: list[str] = []
-        finish: list[str] = []
+        st = _Steps()
 
         for pipe in self.pipes.values():
             if pipe.ino in self.log_pipes:
-                create.append(f"log {self.slot('w', pipe.ino)} {pipe.ino} {self.log_pipes[pipe.ino]}")
+                st.create.append(f"log {self.slot('w', pipe.ino)} {pipe.ino} {self.log_pipes[pipe.ino]}")
                 continue
             if pipe.fifo_path:
                 slot = self.slot("fifo", pipe.ino)
-                create.append(f"fifo {slot} {pipe.ino} {_hex(pipe.fifo_path)}")
+                st.create.append(f"fifo {slot} {pipe.ino} {_hex(pipe.fifo_path)}")
                 if pipe.data:
-                    data.append(f"write {slot} {pipe.data.args()}")
+                    st.data.append(f"write {slot} {pipe.data.args()}")
                 continue
             r, w = self.slot("r", pipe.ino), self.slot("w", pipe.ino)
-            create.append(f"pipe {r} {w} {pipe.ino} {pipe.size}")
+            st.create.append(f"pipe {r} {w} {pipe.ino} {pipe.size}")
             if pipe.data and pipe.readers:
-                data.append(f"write {w} {pipe.data.args()}")
+                st.data.append(f"write {w} {pipe.data.args()}")
             # an end no process of the job holds any more was closed
             if not pipe.readers:
-                finish.append(f"close {r}")
+                st.finish.append(f"close {r}")
             if not pipe.writers:
-                finish.append(f"close {w}")
+                st.finish.append(f"close {w}")
 
         done: set[int] = set()
         for s in self.sockets.values():
             if s.ino in done:
                 continue
-            self._plan_socket(s, done, create, bind, connect, data, finish)
+            self._plan_socket(s, done, st)
 
-        self._plan_tcp(create, bind, connect, data, finish)
+        self._plan_tcp(st)
 
         for obj in self.shm.values():
             slot = self.slot("shm", obj.ino)
-            create.append(f"shm {slot} {obj.dev} {obj.ino} {obj.size} {_hex(obj.name)}")
+            st.create.append(f"shm {slot} {obj.dev} {obj.ino} {obj.size} {_hex(obj.name)}")
             if obj.fill is not None:
-                data.append(f"shmfill {slot} {_hex(str(obj.fill))}")
+                st.data.append(f"shmfill {slot} {_hex(str(obj.fill))}")
 
         maxfd = max((int(fd.fd) for p in self.procs for fd in p.core.records["fds"]), default=2)
         base = max(64, maxfd + 16)
         yield "ckptd-plan 1"
         yield f"slots {base} {self.next_slot}"
-        yield from create
-        yield from bind
-        yield from connect
-        yield from data
-        yield from finish
+        yield from st
         for p in self.procs:
             yield f"proc {p.pid} {p.ppid} {p.pgid} {p.sid} {_hex(str(p.dir))}"
         for z in self.zombies:
             yield f"zombie {z.pid} {z.ppid} {z.pgid} {z.sid} {z.wstatus}"
 
-    def _plan_tcp(
-        self, create: list[str], bind: list[str], connect: list[str], data: list[str], finish: list[str]
-    ) -> None:
+    def _plan_tcp(self, st: _Steps) -> None:
         """Listeners first, bound to their old addresses; then each connection
         made again with its old four addresses: the client end binds its old
         port and connects, the server end is accepted (from the job's own
@@ -396,15 +401,15 @@ class _Planner:
         listeners: dict[int, list[tuple[bytes, int]]] = {}
         for t in self.tcp.values():
             slot = self.slot("tcp", t.ino)
-            create.append(f"tcp {slot} {t.ino} {t.family} {t.opts}")
-            finish.append(f"tcpopts {slot} {t.opts}")
+            st.create.append(f"tcp {slot} {t.ino} {t.family} {t.opts}")
+            st.finish.append(f"tcpopts {slot} {t.opts}")
             if t.state == listen:
                 addr, port = t.local_ep
-                bind.append(f"tcpbind {slot} {_hex(t.local)}")
-                bind.append(f"listen {slot} {max(t.backlog, 1)}")
+                st.bind.append(f"tcpbind {slot} {_hex(t.local)}")
+                st.bind.append(f"listen {slot} {max(t.backlog, 1)}")
                 listeners.setdefault(port, []).append((addr, slot))
             elif t.state != connected and t.local_ep[1]:
-                bind.append(f"tcpbind {slot} {_hex(t.local)}")
+                st.bind.append(f"tcpbind {slot} {_hex(t.local)}")
 
         def listener_for(ep: Endpoint) -> int | None:
             for addr, slot in listeners.get(ep[1], []):
@@ -434,7 +439,7 @@ class _Planner:
                 client, server = (t, peer) if t.ino < peer.ino else (peer, t)
             c, s = self.slot("tcp", client.ino), self.slot("tcp", server.ino)
             lslot = listener_for(server.local_ep)
-            connect.append(
+            st.connect.append(
                 f"tcppair {c} {s} {-1 if lslot is None else lslot} {server.family} "
                 f"{_hex(server.local)} {_hex(client.local)} {_hex(client.peer)}"
             )
@@ -442,10 +447,10 @@ class _Planner:
                 queued = [q for q in (receiver.data, sender.unsent) if q and q.length]
                 size = sum(q.length for q in queued)
                 if size > BIG_QUEUE:
-                    data.append(f"sockbuf {ss} {max(sender.sndbuf, size)} 0")
-                    data.append(f"sockbuf {rs} 0 {max(receiver.rcvbuf, size)}")
+                    st.data.append(f"sockbuf {ss} {max(sender.sndbuf, size)} 0")
+                    st.data.append(f"sockbuf {rs} 0 {max(receiver.rcvbuf, size)}")
                 # what the receiver had not read yet, then what the sender had not sent
-                data.extend(f"write {ss} {q.args()}" for q in queued)
+                st.data.extend(f"write {ss} {q.args()}" for q in queued)
 
     def _refuse_socket(self, s: _Socket, why: str) -> None:
         # a socket inherited from outside on stdin/stdout/stderr is replaced by the log
@@ -460,39 +465,30 @@ class _Planner:
         op = "write" if s.type == SOCK_STREAM else "messages"
         data.append(f"{op} {via} {s.data.args()}")
 
-    def _plan_socket(
-        self,
-        s: _Socket,
-        done: set[int],
-        create: list[str],
-        bind: list[str],
-        connect: list[str],
-        data: list[str],
-        finish: list[str],
-    ) -> None:
+    def _plan_socket(self, s: _Socket, done: set[int], st: _Steps) -> None:
         done.add(s.ino)
         listen = constant("CK_SOCK_LISTEN")
         connected = s.state == constant("CK_SOCK_CONNECTED")
         peer = self.sockets.get(s.peer) if s.peer else None
         if s.state == listen:
             slot = self.slot("unix", s.ino)
-            create.append(f"socket {slot} {s.ino} {s.type}")
+            st.create.append(f"socket {slot} {s.ino} {s.type}")
             if not s.name:
                 return self._refuse_socket(s, "listens without an address")
-            bind.append(f"bind {slot} {_hex(s.name)}")
-            bind.append(f"listen {slot} {max(s.backlog, 1)}")
+            st.bind.append(f"bind {slot} {_hex(s.name)}")
+            st.bind.append(f"listen {slot} {max(s.backlog, 1)}")
             return None
         if peer is not None and peer.peer == s.ino:
             # both ends in the job: one socketpair
             done.add(peer.ino)
             a, b = self.slot("unix", s.ino), self.slot("unix", peer.ino)
-            create.append(f"socketpair {a} {s.ino} {b} {peer.ino} {s.type}")
-            self._send_queue(s, b, data)
-            self._send_queue(peer, a, data)
+            st.create.append(f"socketpair {a} {s.ino} {b} {peer.ino} {s.type}")
+            self._send_queue(s, b, st.data)
+            self._send_queue(peer, a, st.data)
             for sock, slot in ((s, a), (peer, b)):
                 how = {1: SHUT_RD, 2: SHUT_WR, 3: SHUT_RDWR}.get(sock.shutdown & 3)
                 if how is not None:
-                    finish.append(f"shutdown {slot} {how}")
+                    st.finish.append(f"shutdown {slot} {how}")
             return None
         if s.peer and peer is None:
             return self._refuse_socket(s, f"is connected to a process outside the job (peer inode {s.peer})")
@@ -500,25 +496,25 @@ class _Planner:
         if connected and s.peer == 0 and s.type != SOCK_DGRAM:
             # the peer closed: a pair whose other end is closed once the data is back
             other = self.anon_slot()
-            create.append(f"socketpair {slot} {s.ino} {other} 0 {s.type}")
-            self._send_queue(s, other, data)
-            finish.append(f"close {other}")
+            st.create.append(f"socketpair {slot} {s.ino} {other} 0 {s.type}")
+            self._send_queue(s, other, st.data)
+            st.finish.append(f"close {other}")
             return None
-        create.append(f"socket {slot} {s.ino} {s.type}")
+        st.create.append(f"socket {slot} {s.ino} {s.type}")
         if s.name:
-            bind.append(f"bind {slot} {_hex(s.name)}")
+            st.bind.append(f"bind {slot} {_hex(s.name)}")
         if peer is not None:
             # a datagram socket connected to a bound one that did not connect back
             if not peer.name:
                 return self._refuse_socket(s, "is connected to a socket without an address")
-            connect.append(f"connect {slot} {_hex(peer.name)}")
+            st.connect.append(f"connect {slot} {_hex(peer.name)}")
             if s.data:
                 return self._refuse_socket(s, "has queued datagrams from the socket it is connected to")
             return None
         if s.data:
             if s.type != SOCK_DGRAM or not s.name:
                 return self._refuse_socket(s, "has queued data but neither a peer nor an address")
-            data.append(f"sendto {s.type} {_hex(s.name)} {s.data.args()}")
+            st.data.append(f"sendto {s.type} {_hex(s.name)} {s.data.args()}")
         return None
 
 
