@@ -93,3 +93,46 @@ def test_python_numpy_without_root(unprivileged: Ckptd, tmp_path: Path) -> None:
     assert c.wait("nrp") == 0
     assert c.log("nrp") == expected
     assert (out / "losses.txt").read_bytes() == (ref / "losses.txt").read_bytes()
+
+
+def test_process_tree_without_root(unprivileged: Ckptd, tmp_path: Path) -> None:
+    """A tree with a FIFO, a memfd, its own sessions and groups, signals and
+    zombies, restored by a user who cannot see beyond its own namespaces."""
+    c = unprivileged
+    live = c.home.parent / "life"
+    live.mkdir()
+    if os.getuid() == 0:
+        os.chown(live, *NOBODY)
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    argv = [PYTHON, str(WORKLOADS / "lifecycle.py"), "500"]
+    expected = run_plain([*argv, str(ref)]).stdout
+    c.launch("nrt", [*argv, str(live)], cwd="/")
+    c.wait_log("nrt", r"^round 100 ")
+    assert c.checkpoint("nrt")["processes"] >= 3
+    c.wait_log("nrt", r"^round 200 ")
+    c.kill9("nrt")
+    c.ctl("restart", "nrt")
+    assert c.wait("nrt") == 0
+    assert c.log("nrt", "stdout") == expected
+
+
+def test_tcp_between_processes_without_root(unprivileged: Ckptd) -> None:
+    """Without CAP_NET_ADMIN there is no repair mode and no clearing of the
+    killed job's TIME_WAIT sockets: listeners that ask for SO_REUSEADDR (as
+    servers do) come back on their ports, and connections whose old
+    addresses are still taken come back on a new client port."""
+    c = unprivileged
+    argv = [PYTHON, str(WORKLOADS / "tcp_ipc.py"), "600", "--reuse"]
+    expected = run_plain(argv).stdout
+    c.launch("nrtcp", argv, cwd="/")
+    c.wait_log("nrtcp", r"^round 100 ")
+    c.checkpoint("nrtcp")
+    c.wait_log("nrtcp", r"^round 200 ")
+    c.kill9("nrtcp")
+    c.ctl("restart", "nrtcp")
+    c.wait_log("nrtcp", r"^round 300 ")
+    c.kill9("nrtcp")
+    c.ctl("restart", "nrtcp")
+    assert c.wait("nrtcp") == 0
+    assert c.log("nrtcp", "stdout") == expected

@@ -1,6 +1,7 @@
 """TCP over loopback between a parent and its children, data always in
 flight: a dual-stack IPv6 listener with an IPv4 client, an IPv4 pair with
-Nagle on and a pair with TCP_NODELAY.  Usage: tcp_ipc.py ROUNDS"""
+Nagle on and a pair with TCP_NODELAY.  The IPv4 listener sets SO_REUSEADDR
+only with --reuse.  Usage: tcp_ipc.py ROUNDS [--reuse]"""
 
 import os
 import socket
@@ -17,6 +18,8 @@ v6.bind(("::", 0))
 v6.listen(8)
 port6 = v6.getsockname()[1]
 v4 = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+if "--reuse" in sys.argv:
+    v4.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 v4.bind(("127.0.0.1", 0))
 v4.listen(8)
 port4 = v4.getsockname()[1]
