@@ -1,5 +1,35 @@
-/* Parsing core.img: checks every section lies inside the file. */
+/* Reading core.img (and the restore plan) and parsing core.img: checks
+ * every section lies inside the file. */
 #include "restorer.h"
+
+#include <errno.h>
+
+uint8_t *rst_read_file(const char *path, uint64_t *size)
+{
+    long fd = ck_open(path, O_RDONLY | O_CLOEXEC, 0);
+    if (fd < 0)
+        rst_fail("cannot open a file the restore needs", path, fd);
+    struct stat st;
+    long rc = ck_fstat((int)fd, &st);
+    if (rc < 0)
+        rst_fail("cannot stat a file the restore needs", path, rc);
+    uint64_t len = (uint64_t)st.st_size;
+    /* one more byte, zero: text files end in a NUL */
+    uint8_t *buf = ck_mmap(0, (len + 4096) & ~4095ull, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (ck_mmap_failed(buf))
+        rst_fail("out of memory reading a file the restore needs", path, (long)buf);
+    for (uint64_t done = 0; done < len;) {
+        long n = ck_read((int)fd, buf + done, len - done);
+        if (n == -EINTR)
+            continue;
+        if (n <= 0)
+            rst_fail("cannot read a file the restore needs (truncated?)", path, n < 0 ? n : -EIO);
+        done += (uint64_t)n;
+    }
+    ck_close((int)fd);
+    *size = len;
+    return buf;
+}
 
 const char *rst_str(const struct rst_image *im, uint32_t off)
 {

@@ -98,23 +98,6 @@ static int collect_map(const struct ck_map_entry *e, void *ctx)
     return 0;
 }
 
-static uint8_t *read_whole(int fd, uint64_t size)
-{
-    void *buf = ck_mmap(0, page_up(size ? size : 1), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (ck_mmap_failed(buf))
-        rst_fail("out of memory reading core.img", 0, (long)buf);
-    uint64_t done = 0;
-    while (done < size) {
-        long n = ck_read(fd, (char *)buf + done, size - done);
-        if (n == -EINTR)
-            continue;
-        if (n <= 0)
-            rst_fail("cannot read core.img", 0, n < 0 ? n : -EIO);
-        done += (uint64_t)n;
-    }
-    return buf;
-}
-
 static uint64_t cpu_xcr0(void)
 {
     uint32_t eax, ebx, ecx, edx;
@@ -154,16 +137,7 @@ void rst_main(long *sp)
     ck_buf_init(&b, path, sizeof(path));
     ck_buf_str(&b, rst.image_dir);
     ck_buf_str(&b, "/core.img");
-    long core_fd = ck_open(path, O_RDONLY | O_CLOEXEC, 0);
-    if (core_fd < 0)
-        rst_fail("cannot open core.img", path, core_fd);
-    struct stat st;
-    long rc = ck_fstat((int)core_fd, &st);
-    if (rc < 0)
-        rst_fail("cannot stat core.img", path, rc);
-    rst.core_size = (uint64_t)st.st_size;
-    uint8_t *core = read_whole((int)core_fd, rst.core_size);
-    ck_close((int)core_fd);
+    uint8_t *core = rst_read_file(path, &rst.core_size);
     rst_parse_image(&im, core, rst.core_size);
 
     if (ck_getpid() != im.proc->pid)
@@ -198,7 +172,8 @@ void rst_main(long *sp)
     if (pfd < 0)
         rst_fail("cannot open pages.img", path, pfd);
     rst.pages_fd = move_high((int)pfd);
-    rc = ck_fstat(rst.pages_fd, &st);
+    struct stat st;
+    long rc = ck_fstat(rst.pages_fd, &st);
     if (rc < 0 || (uint64_t)st.st_size != im.hdr->pages_size)
         rst_fail("pages.img has the wrong size (truncated image?)", path, rc);
 

@@ -119,28 +119,7 @@ static size_t unhex(const struct line *l, int i, char *out, size_t cap)
 
 static char *read_plan(const char *path, uint64_t *size)
 {
-    long fd = ck_open(path, O_RDONLY | O_CLOEXEC, 0);
-    if (fd < 0)
-        rst_fail("cannot open the restore plan", path, fd);
-    struct stat st;
-    long rc = ck_fstat((int)fd, &st);
-    if (rc < 0)
-        rst_fail("cannot stat the restore plan", path, rc);
-    uint64_t len = (uint64_t)st.st_size;
-    char *buf = ck_mmap(0, (len + 4096) & ~4095ull, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (ck_mmap_failed(buf))
-        rst_fail("out of memory reading the restore plan", 0, (long)buf);
-    for (uint64_t done = 0; done < len;) {
-        long n = ck_read((int)fd, buf + done, len - done);
-        if (n == -EINTR)
-            continue;
-        if (n <= 0)
-            rst_fail("cannot read the restore plan", path, n);
-        done += (uint64_t)n;
-    }
-    ck_close((int)fd);
-    buf[len] = 0;
-    *size = len;
+    char *buf = (char *)rst_read_file(path, size);
     if (!ck_startswith(buf, "ckptd-plan 1\n"))
         rst_fail("not a ckptd restore plan (or another version)", path, 0);
     return buf;

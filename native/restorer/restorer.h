@@ -121,6 +121,7 @@ void rst_fail(const char *what, const char *detail, long rc) __attribute__((nore
 void rst_note(const char *what, const char *detail, long rc);
 
 /* image.c */
+uint8_t *rst_read_file(const char *path, uint64_t *size);  /* whole, NUL-terminated, mmap'd */
 void rst_parse_image(struct rst_image *im, const uint8_t *core, uint64_t size);
 const char *rst_str(const struct rst_image *im, uint32_t off);
 
