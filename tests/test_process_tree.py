@@ -6,6 +6,7 @@ flight), and the final output byte for byte an uninterrupted run's."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -74,6 +75,10 @@ def test_tcp_loopback_between_processes(ckptd: Ckptd) -> None:
     argv = [PYTHON, str(WORKLOADS / "tcp_ipc.py"), "700"]
     expected = run_plain(argv).stdout
     assert round_trip(ckptd, "tcp", argv, r"^round {} ", 2) == expected
+    # what the checkpoint holds, as `ckptctl inspect` shows it
+    shown = ckptd.ctl("inspect", ckptd.ctl_json("list", "tcp")[0]["path"]).stdout
+    assert "listening on 127.0.0.1:" in shown and "listening on [0000:" in shown
+    assert re.search(r"pid \d+ \(parent 2\)", shown) and " -> 127.0.0.1:" in shown
 
 
 def test_checkpoints_while_children_come_and_go(ckptd: Ckptd) -> None:

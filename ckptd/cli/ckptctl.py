@@ -309,7 +309,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     )
     for p in procs:
         say(
-            f"  pid {p['pid']} {p['exe']}: {p['threads']} threads, {p['vmas']} mappings, "
+            f"  pid {p['pid']} (parent {p['ppid']}) {p['exe']}: {p['threads']} threads, {p['vmas']} mappings, "
             f"{human_bytes(p['pages_bytes'])} of pages"
         )
         for fd in p["fds"]:

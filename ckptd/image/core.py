@@ -17,6 +17,8 @@ from cffi import FFI
 from ckptd.errors import CkptdError, Code
 from ckptd.native import image_format_header
 
+from .sockaddr import endpoint, show_endpoint
+
 _BEGIN = "/* BEGIN CFFI */"
 _END = "/* END CFFI */"
 
@@ -178,6 +180,23 @@ class CoreImage:
             for f in self.records["files"]
         ]
 
+    def _fd_target(self, fd: Any) -> str:
+        """What a descriptor points at, as `ckptctl inspect` shows it."""
+        blob = self.blobs["blob"]
+        if fd.type == constant("CK_FD_TCP"):
+            local = show_endpoint(endpoint(_blob_bytes(blob, int(fd.name_off), int(fd.name_len))))
+            if fd.sock_state == constant("CK_SOCK_LISTEN"):
+                return f"listening on {local}"
+            if fd.sock_state == constant("CK_SOCK_CONNECTED"):
+                peer = show_endpoint(endpoint(_blob_bytes(blob, int(fd.peer_off), int(fd.peer_len))))
+                return f"{local} -> {peer}"
+            return f"unconnected, {local}"
+        if fd.type == constant("CK_FD_UNIX") and fd.name_len:
+            name = _blob_bytes(blob, int(fd.name_off), int(fd.name_len))
+            shown = "@" + name[1:].decode(errors="replace") if name[:1] == b"\0" else name.decode(errors="replace")
+            return f"{self.string(fd.path)} {shown}"
+        return self.string(fd.path)
+
     def summary(self) -> dict[str, Any]:
         p = self.proc
         return {
@@ -189,12 +208,17 @@ class CoreImage:
             "vmas": len(self.records["vmas"]),
             "page_runs": len(self.records["runs"]),
             "pages_bytes": self.header.pages_size,
+            "ppid": p.ppid,
             "fds": [
-                {"fd": fd.fd, "type": _fd_type_name(fd.type), "target": self.string(fd.path)}
+                {"fd": fd.fd, "type": _fd_type_name(fd.type), "target": self._fd_target(fd)}
                 for fd in self.records["fds"]
             ],
             "written_files": len(self.records["files"]),
         }
+
+
+def _blob_bytes(blob: bytes, off: int, length: int) -> bytes:
+    return bytes(blob[off : off + length]) if length else b""
 
 
 def _fd_type_name(t: int) -> str:

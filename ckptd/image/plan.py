@@ -24,10 +24,10 @@ from typing import Any
 from ckptd.errors import CkptdError, Code
 
 from .core import CoreImage, constant
+from .sockaddr import Endpoint, endpoint, show_endpoint
 
 SOCK_STREAM, SOCK_DGRAM, SOCK_SEQPACKET = 1, 2, 5
 SHUT_RD, SHUT_WR, SHUT_RDWR = 0, 1, 2
-AF_INET, AF_INET6 = 2, 10
 BIG_QUEUE = 64 << 10  # bytes in flight above which socket buffers are widened first
 
 
@@ -120,26 +120,6 @@ class _Socket:
     backlog: int
     data: _Data | None
     holders: list[tuple[ProcessImage, int]] = field(default_factory=list)
-
-
-Endpoint = tuple[bytes, int]  # (IPv6 or v4-mapped address, port)
-
-
-def endpoint(raw: bytes) -> Endpoint:
-    """A sockaddr_in or sockaddr_in6 as an IPv6 address and a port, so that
-    an IPv4 client and the IPv6 socket a dual-stack listener accepted match."""
-    family = int.from_bytes(raw[0:2], "little")
-    port = int.from_bytes(raw[2:4], "big")
-    if family == AF_INET:
-        return b"\0" * 10 + b"\xff\xff" + raw[4:8], port
-    return raw[8:24], port
-
-
-def show_endpoint(ep: Endpoint) -> str:
-    addr, port = ep
-    if addr[:12] == b"\0" * 10 + b"\xff\xff":
-        return f"{'.'.join(str(b) for b in addr[12:])}:{port}"
-    return f"[{':'.join(addr[i : i + 2].hex() for i in range(0, 16, 2))}]:{port}"
 
 
 def _is_wildcard(addr: bytes) -> bool:

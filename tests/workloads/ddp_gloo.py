@@ -31,4 +31,8 @@ digests = [None] * world
 dist.all_gather_object(digests, hashlib.sha256(w.numpy().tobytes()).hexdigest())
 if rank == 0:
     print("weights", digests[0], "ranks agree", len(set(digests)) == 1, flush=True)
+# both ranks done before either tears gloo down: without it, a rank's exit
+# can race the other's teardown ("terminate called without an active
+# exception"), with or without ckptd
+dist.barrier()
 dist.destroy_process_group()
