@@ -60,6 +60,25 @@ def test_unix_sockets_with_data_in_flight(ckptd: Ckptd, tmp_path: Path) -> None:
     assert "passed: via scm_rights" in got
 
 
+def test_unix_socket_directory_removed_before_restart(ckptd: Ckptd, tmp_path: Path) -> None:
+    """multiprocessing binds its listeners in /tmp/pymp-* directories and
+    removes them at exit: a restart makes the directory of a bound socket
+    again rather than fail."""
+    argv = [PYTHON, str(WORKLOADS / "unix_ipc.py"), "500"]
+    expected = run_plain([*argv, str(tmp_path / "ref.sock")]).stdout
+    sockdir = tmp_path / "pymp-like" / "sub"
+    sockdir.mkdir(parents=True)
+    ckptd.launch("gone", [*argv, str(sockdir / "listener")])
+    ckptd.wait_log("gone", r"^round 100 ")
+    ckptd.checkpoint("gone")
+    ckptd.kill9("gone")
+    shutil.rmtree(tmp_path / "pymp-like")
+    ckptd.ctl("restart", "gone")
+    assert ckptd.wait("gone") == 0
+    assert ckptd.log("gone", "stdout") == expected
+    assert (sockdir / "listener").is_socket()
+
+
 def test_lifecycle_fifo_memfd_sessions_signals_spawn(ckptd: Ckptd, tmp_path: Path) -> None:
     ref, live = tmp_path / "ref", tmp_path / "live"
     ref.mkdir()

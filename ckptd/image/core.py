@@ -193,7 +193,9 @@ class CoreImage:
             return f"unconnected, {local}"
         if fd.type == constant("CK_FD_UNIX") and fd.name_len:
             name = _blob_bytes(blob, int(fd.name_off), int(fd.name_len))
-            shown = "@" + name[1:].decode(errors="replace") if name[:1] == b"\0" else name.decode(errors="replace")
+            # abstract names start with a NUL; path names end with one
+            abstract = name[:1] == b"\0"
+            shown = "@" + name[1:].decode(errors="replace") if abstract else name.rstrip(b"\0").decode(errors="replace")
             return f"{self.string(fd.path)} {shown}"
         return self.string(fd.path)
 

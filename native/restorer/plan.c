@@ -353,6 +353,23 @@ static void op_fifo(const struct line *l)
     to_slot(fd, l, 1, "cannot open a FIFO");
 }
 
+/* mkdir -p of a path's directory, private to the job's user like the
+ * temporary directories sockets usually live in */
+static void make_parents(const char *path)
+{
+    char dir[sizeof(((struct sockaddr_un *)0)->sun_path) + 1];
+    ck_strlcpy(dir, path, sizeof(dir));
+    for (char *c = dir + 1; *c; c++) {
+        if (*c != '/')
+            continue;
+        *c = 0;
+        long rc = ck_mkdir(dir, 0700);
+        if (rc < 0 && rc != -EEXIST)
+            rst_fail("cannot create the directory of a Unix socket again", dir, rc);
+        *c = '/';
+    }
+}
+
 static void op_bind(const struct line *l)
 {
     struct sockaddr_un sa;
@@ -365,6 +382,12 @@ static void op_bind(const struct line *l)
             ck_unlink(sa.sun_path);
     }
     long rc = ck_bind(fd, &sa, (unsigned)salen);
+    if (rc == -ENOENT && sa.sun_path[0] == '/') {
+        /* its directory is gone (multiprocessing removes its /tmp/pymp-*
+         * directories at exit): it existed at the checkpoint, so make it */
+        make_parents(sa.sun_path);
+        rc = ck_bind(fd, &sa, (unsigned)salen);
+    }
     if (rc < 0)
         rst_fail("cannot bind a Unix socket to its old address", sa.sun_path[0] ? sa.sun_path : sa.sun_path + 1, rc);
 }
