@@ -1,7 +1,8 @@
 """The agent's part of a checkpoint round (the coordinator drives the order):
 
     prepare   every process of the job parks its threads (QUIESCE)
-    dump      each process writes its image into the checkpoint's temporary
+    dump      every process lets its unsent TCP bytes leave (SETTLE), then
+              each writes its image into the checkpoint's temporary
               directory (DUMP), then the relay flushes the job's output so the
               log size at this instant is known
     resume    the threads run again (RESUME); the job's stall ends here
@@ -44,6 +45,7 @@ log = logging.getLogger(__name__)
 SHIM_REGISTRATION_WAIT_S = 5.0
 DUMP_TIMEOUT_S = 6 * 3600.0
 MAX_QUIESCE_PASSES = 20
+SETTLE_MS = 500  # how long unsent TCP bytes may take to leave (a delayed ACK is up to 200 ms)
 DUMP_PARALLEL = 8
 
 _ERRNO = re.compile(r"\(errno (\d+)\)")
@@ -159,6 +161,15 @@ class Checkpointer:
 
     # ---- dump ----
 
+    @staticmethod
+    def _settle(conn: ShimConnection) -> None:
+        try:
+            reply = conn.request("SETTLE", timeout=SETTLE_MS / 1000 + 10, timeout_ms=SETTLE_MS)
+        except ShimError as e:
+            raise CkptdError(Code.ABORTED, f"pid {conn.pid} in the job ({conn.exe}): {e.message}") from None
+        if reply.int("stuck"):
+            log.info("pid %d: %d TCP socket(s) keep unsent bytes (a full window)", conn.pid, reply.int("stuck"))
+
     def _dump_one(self, conn: ShimConnection, directory: str) -> pb.ProcessDump:
         pdir = Path(directory) / f"proc-{conn.pid}"
         try:
@@ -191,8 +202,11 @@ class Checkpointer:
             raise CkptdError(Code.FAILED_PRECONDITION, f"job {job.name} is not quiesced (prepare first)")
         with job.cond:
             job.operation = f"checkpoint {ckpt_id}: writing"
-        # every process is parked: they write their images side by side
         with ThreadPoolExecutor(max_workers=min(len(conns), DUMP_PARALLEL)) as pool:
+            # bytes still leaving one process for another land in the peer's
+            # receive queue before any process is dumped, never in between
+            list(pool.map(self._settle, conns))
+            # every process is parked: they write their images side by side
             futures = [pool.submit(self._dump_one, conn, directory) for conn in conns]
             errors = [f.exception() for f in futures if f.exception() is not None]
             if errors:

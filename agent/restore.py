@@ -86,6 +86,21 @@ def check_identities(manifest: dict[str, Any], allow_changed: bool, identities: 
             )
 
 
+def _copy_chunk(src: int, dst: int, left: int) -> int:
+    """Copy up to `left` bytes at both files' offsets; returns how many."""
+    try:
+        return os.copy_file_range(src, dst, left)
+    except OSError as e:
+        if e.errno not in (errno.EXDEV, errno.EINVAL, errno.EOPNOTSUPP):
+            raise
+    # across filesystems (tmpfs /dev/shm, say) on kernels that refuse it
+    data = os.read(src, min(left, 1 << 20))
+    view = memoryview(data)
+    while view:
+        view = view[os.write(dst, view) :]
+    return len(data)
+
+
 def _copy_into(src: Path, dst: Path, size: int) -> None:
     """Overwrite dst in place (keeping its inode, owner and links) with src."""
     dst.parent.mkdir(parents=True, exist_ok=True)
@@ -94,13 +109,7 @@ def _copy_into(src: Path, dst: Path, size: int) -> None:
         with open(src, "rb") as f:
             left = size
             while left:
-                try:
-                    n = os.copy_file_range(f.fileno(), fd_out, left)
-                except OSError as e:
-                    if e.errno not in (errno.EXDEV, errno.EINVAL, errno.EOPNOTSUPP):
-                        raise
-                    # across filesystems (tmpfs /dev/shm, say) on older kernels: plain copy
-                    n = os.write(fd_out, f.read(min(left, 1 << 20)))
+                n = _copy_chunk(f.fileno(), fd_out, left)
                 if n <= 0:
                     raise CkptdError(Code.DATA_LOSS, f"saved copy of {dst} is shorter than recorded")
                 left -= n

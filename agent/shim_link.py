@@ -4,6 +4,7 @@ Every process started under ckptd connects to the agent's shim socket and
 says HELLO; the connection then carries request/reply lines:
 
     QUIESCE timeout_ms=N  ->  QUIESCED threads=N     park every thread
+    SETTLE timeout_ms=N   ->  SETTLED stuck=N        let unsent TCP bytes leave (all parked)
     DUMP dir=PATH         ->  DUMPED <stats>         write core.img, pages.img, files/
     RESUME | ABORT        ->  RESUMED                let the threads run again
     PING                  ->  PONG

@@ -100,6 +100,22 @@ def test_tcp_loopback_between_processes(ckptd: Ckptd) -> None:
     assert re.search(r"pid \d+ \(parent 2\)", shown) and " -> 127.0.0.1:" in shown
 
 
+def test_tcp_restarted_many_times_loses_no_byte(ckptd: Ckptd) -> None:
+    """Six checkpoint, kill, restart cycles at different moments of a TCP
+    exchange with Nagle on: bytes an ACK releases while the processes are
+    being dumped must land in exactly one image (the SETTLE step)."""
+    argv = [PYTHON, str(WORKLOADS / "tcp_ipc.py"), "900"]
+    expected = run_plain(argv).stdout
+    ckptd.launch("tcpn", argv)
+    for n in (60, 160, 260, 360, 460, 560):
+        ckptd.wait_log("tcpn", rf"^round {n} ")
+        ckptd.checkpoint("tcpn")
+        ckptd.kill9("tcpn")
+        ckptd.ctl("restart", "tcpn")
+    assert ckptd.wait("tcpn") == 0
+    assert ckptd.log("tcpn", "stdout") == expected
+
+
 def test_checkpoints_while_children_come_and_go(ckptd: Ckptd) -> None:
     """fork/exit/wait, subprocess and posix_spawn many times a second: every
     checkpoint lands on a consistent tree, whatever is being created or reaped."""

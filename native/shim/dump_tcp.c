@@ -9,9 +9,14 @@
  *                  still reads them if the checkpoint is aborted;
  *   send queue     written, not yet sent (Nagle waiting for an ACK, or a
  *                  full window).  Bytes already sent are in the peer's
- *                  receive queue, which its own process saves.  The unsent
- *                  tail is first given a moment to leave; if it stays, it
- *                  is read in TCP repair mode (CAP_NET_ADMIN).
+ *                  receive queue, which its own process saves.
+ *
+ * Bytes must not move between the images of two processes: the agent sends
+ * SETTLE to every parked process before any DUMP, and each lets its unsent
+ * bytes leave (an ACK releases what Nagle holds back) into its parked
+ * peers' receive queues.  What is still unsent then cannot move (the peer's
+ * window is full and nobody reads), and is read in TCP repair mode
+ * (CAP_NET_ADMIN); without it the checkpoint fails and can be retried.
  *
  * Which two sockets are the ends of one connection is decided by the agent
  * from every process's image (ckptd/image/plan.py): a connection whose peer
@@ -28,7 +33,6 @@
 #include <netinet/tcp.h>
 #include <sys/socket.h>
 
-#define UNSENT_WAIT_MS 200
 #define MAX_SNDQ (64u << 20)
 
 static const char *const state_names[] = {
@@ -70,14 +74,52 @@ static int ioctl_int(int fd, unsigned long req)
     return ck_ioctl(fd, req, &v) < 0 ? -1 : v;
 }
 
-/* the written-but-unsent tail of the send queue, if any stays */
+#define MAX_SETTLE_FDS 4096
+
+int ck_tcp_settle(int timeout_ms)
+{
+    static int fds[MAX_SETTLE_FDS];
+    static char buf[8192];
+    int n = 0;
+    long dfd = ck_open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
+    if (dfd < 0)
+        return (int)dfd;
+    for (;;) {
+        long got = ck_getdents64((int)dfd, buf, sizeof(buf));
+        if (got <= 0)
+            break;
+        for (long off = 0; off < got;) {
+            struct {
+                uint64_t ino;
+                int64_t off;
+                unsigned short reclen;
+                unsigned char type;
+                char name[];
+            } *d = (void *)(buf + off);
+            off += d->reclen;
+            if (d->name[0] < '0' || d->name[0] > '9' || n >= MAX_SETTLE_FDS)
+                continue;
+            int fd = (int)ck_parse_u64(d->name, 10, 0);
+            if (fd != (int)dfd && opt_u32(fd, SOL_SOCKET, SO_PROTOCOL) == IPPROTO_TCP)
+                fds[n++] = fd;
+        }
+    }
+    ck_close((int)dfd);
+    int stuck = 0;
+    for (int waited = 0;; waited += 5) {
+        stuck = 0;
+        for (int i = 0; i < n; i++)
+            stuck += ioctl_int(fds[i], SIOCOUTQNSD) > 0;
+        if (!stuck || waited >= timeout_ms)
+            return stuck;
+        ck_nanosleep_ms(5);
+    }
+}
+
+/* the written-but-unsent tail of the send queue (after SETTLE: it cannot move) */
 static int save_unsent(struct ck_image *im, struct ck_fd *f, int fd)
 {
     int unsent = ioctl_int(fd, SIOCOUTQNSD);
-    for (int waited = 0; unsent > 0 && waited < UNSENT_WAIT_MS; waited += 5) {
-        ck_nanosleep_ms(5);  /* an ACK releases what Nagle holds back */
-        unsent = ioctl_int(fd, SIOCOUTQNSD);
-    }
     if (unsent <= 0)
         return 0;
     int queued = ioctl_int(fd, SIOCOUTQ);

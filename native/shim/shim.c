@@ -259,6 +259,23 @@ static void handle_dump(char *line)
     send_line(&b);
 }
 
+/* after every process of the job is parked, before any is dumped */
+static void handle_settle(char *line)
+{
+    const char *ms = msg_get(line, "timeout_ms");
+    if (!ck_is_parked()) {
+        reply_error("SETTLE before QUIESCE");
+        return;
+    }
+    int stuck = ck_tcp_settle(ms ? (int)ck_parse_u64(ms, 10, 0) : 500);
+    char out[96];
+    struct ck_buf b;
+    ck_buf_init(&b, out, sizeof(out));
+    ck_buf_str(&b, "SETTLED");
+    kv_u64(&b, "stuck", stuck > 0 ? (uint64_t)stuck : 0);
+    send_line(&b);
+}
+
 static void handle_quiesce(char *line)
 {
     const char *t = msg_get(line, "timeout_ms");
@@ -300,6 +317,8 @@ static void command_loop(void)
         }
         if (ck_startswith(line, "QUIESCE")) {
             handle_quiesce(line);
+        } else if (ck_startswith(line, "SETTLE")) {
+            handle_settle(line);
         } else if (ck_startswith(line, "DUMP")) {
             handle_dump(line);
         } else if (ck_startswith(line, "RESUME") || ck_startswith(line, "ABORT")) {

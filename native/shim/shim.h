@@ -111,6 +111,8 @@ int ck_peek_queue(struct ck_image *im, struct ck_fd *f, int fd) CK_HIDDEN;
 
 /* ---- dump_tcp.c ---- */
 int ck_dump_tcp(struct ck_image *im, struct ck_fd *f, int family, const char *target) CK_HIDDEN;
+/* let unsent TCP bytes leave; returns how many sockets still hold some */
+int ck_tcp_settle(int timeout_ms) CK_HIDDEN;
 
 /* ---- files.c ---- */
 void ck_files_track_fd(int fd) CK_HIDDEN;
