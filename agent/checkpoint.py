@@ -208,15 +208,14 @@ class Checkpointer:
             list(pool.map(self._settle, conns))
             # every process is parked: they write their images side by side
             futures = [pool.submit(self._dump_one, conn, directory) for conn in conns]
-            errors = [f.exception() for f in futures if f.exception() is not None]
+            errors = [e for f in futures if (e := f.exception()) is not None]
             if errors:
-                raise errors[0]  # type: ignore[misc]
+                raise errors[0]
             resp = pb.DumpResponse(processes=[f.result() for f in futures])
         relay = job.drain_output()
         resp.log_bytes, resp.index_bytes = relay["log"], relay["index"]
-        zombies = job.zombies()
         tree = {
-            "zombies": [{k: v for k, v in z.items() if k != "host_pid"} for z in zombies],
+            "zombies": job.zombies(),
             "stdout_ino": relay.get("stdout_ino", 0),
             "stderr_ino": relay.get("stderr_ino", 0),
         }

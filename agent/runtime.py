@@ -120,20 +120,21 @@ class JobRuntime:
         except psutil.Error:
             return None
 
-    def live_pids(self) -> list[int]:
-        """Host pids of the job's processes (the reaper excluded)."""
+    def _job_processes(self) -> list[psutil.Process]:
+        """The job's processes, zombies included (ckptd-init's reaper excluded)."""
         init = self._init_process()
         if not init:
             return []
         try:
-            children = init.children(recursive=True)
             reapers = {c.pid for c in init.children()}
+            return [c for c in init.children(recursive=True) if c.pid not in reapers]
         except psutil.Error:
             return []
+
+    def live_pids(self) -> list[int]:
+        """Host pids of the job's processes (the reaper excluded)."""
         pids = []
-        for c in children:
-            if c.pid in reapers:
-                continue
+        for c in self._job_processes():
             with contextlib.suppress(psutil.Error):
                 if c.status() != psutil.STATUS_ZOMBIE:
                     pids.append(c.pid)
@@ -142,18 +143,8 @@ class JobRuntime:
     def zombies(self) -> list[dict[str, int]]:
         """The job's exited-but-unreaped children, with their ids inside the job
         and their wait status, so that a restore recreates them."""
-        init = self._init_process()
-        if not init:
-            return []
         out = []
-        try:
-            reapers = {c.pid for c in init.children()}
-            children = init.children(recursive=True)
-        except psutil.Error:
-            return []
-        for c in children:
-            if c.pid in reapers:
-                continue
+        for c in self._job_processes():
             with contextlib.suppress(psutil.Error, OSError, ValueError, IndexError):
                 if c.status() != psutil.STATUS_ZOMBIE:
                     continue
@@ -167,7 +158,6 @@ class JobRuntime:
                         "pgid": ns_pid(pgrp) or 0,
                         "sid": ns_pid(session) or 0,
                         "wstatus": int(fields[49]),
-                        "host_pid": c.pid,
                     }
                 )
         return out

@@ -133,6 +133,10 @@ class CoreImage:
             raise CkptdError(Code.DATA_LOSS, f"{path} has no process record")
         return cls(path=path, data=data, header=header, records=records, blobs=blobs)
 
+    def blob_bytes(self, off: int, length: int) -> bytes:
+        """length bytes of the BLOB section (socket addresses, names) from off."""
+        return bytes(self.blobs["blob"][off : off + length]) if length else b""
+
     def blob_file_offset(self) -> int:
         """Where the BLOB section starts in core.img (queued pipe and socket data)."""
         for i in range(min(self.header.nsections, constant("CK_MAX_SECTIONS"))):
@@ -182,17 +186,16 @@ class CoreImage:
 
     def _fd_target(self, fd: Any) -> str:
         """What a descriptor points at, as `ckptctl inspect` shows it."""
-        blob = self.blobs["blob"]
         if fd.type == constant("CK_FD_TCP"):
-            local = show_endpoint(endpoint(_blob_bytes(blob, int(fd.name_off), int(fd.name_len))))
+            local = show_endpoint(endpoint(self.blob_bytes(int(fd.name_off), int(fd.name_len))))
             if fd.sock_state == constant("CK_SOCK_LISTEN"):
                 return f"listening on {local}"
             if fd.sock_state == constant("CK_SOCK_CONNECTED"):
-                peer = show_endpoint(endpoint(_blob_bytes(blob, int(fd.peer_off), int(fd.peer_len))))
+                peer = show_endpoint(endpoint(self.blob_bytes(int(fd.peer_off), int(fd.peer_len))))
                 return f"{local} -> {peer}"
             return f"unconnected, {local}"
         if fd.type == constant("CK_FD_UNIX") and fd.name_len:
-            name = _blob_bytes(blob, int(fd.name_off), int(fd.name_len))
+            name = self.blob_bytes(int(fd.name_off), int(fd.name_len))
             # abstract names start with a NUL; path names end with one
             abstract = name[:1] == b"\0"
             shown = "@" + name[1:].decode(errors="replace") if abstract else name.rstrip(b"\0").decode(errors="replace")
@@ -217,10 +220,6 @@ class CoreImage:
             ],
             "written_files": len(self.records["files"]),
         }
-
-
-def _blob_bytes(blob: bytes, off: int, length: int) -> bytes:
-    return bytes(blob[off : off + length]) if length else b""
 
 
 def _fd_type_name(t: int) -> str:

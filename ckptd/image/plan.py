@@ -178,10 +178,15 @@ class _Steps:
             yield from group
 
 
+def _in_blob(p: ProcessImage, off: int, length: int) -> _Data:
+    """A range of p's BLOB section, as a range of its core.img."""
+    return _Data(p.core.path, p.core.blob_file_offset() + off, length)
+
+
 def _data_of(p: ProcessImage, fd: Any) -> _Data | None:
     if not fd.flags & constant("CK_FDF_DATA_SAVED"):
         return None
-    return _Data(p.core.path, p.core.blob_file_offset() + int(fd.data_off), int(fd.data_len))
+    return _in_blob(p, int(fd.data_off), int(fd.data_len))
 
 
 def _shm_name(path: str) -> str:
@@ -245,8 +250,7 @@ class _Planner:
         ino = int(fd.ino)
         s = self.sockets.get(ino)
         if s is None:
-            blob = p.core.blobs["blob"]
-            name = blob[int(fd.name_off) : int(fd.name_off) + int(fd.name_len)] if fd.name_len else b""
+            name = p.core.blob_bytes(int(fd.name_off), int(fd.name_len))
             s = _Socket(
                 ino=ino,
                 type=int(fd.sock_type),
@@ -267,17 +271,14 @@ class _Planner:
         ino = int(fd.ino)
         t = self.tcp.get(ino)
         if t is None:
-            blob = p.core.blobs["blob"]
-            unsent = None
-            if fd.sndq_len:
-                unsent = _Data(p.core.path, p.core.blob_file_offset() + int(fd.sndq_off), int(fd.sndq_len))
+            unsent = _in_blob(p, int(fd.sndq_off), int(fd.sndq_len)) if fd.sndq_len else None
             t = _Tcp(
                 ino=ino,
                 family=int(fd.sock_family),
                 state=int(fd.sock_state),
                 opts=int(fd.sock_opts),
-                local=bytes(blob[int(fd.name_off) : int(fd.name_off) + int(fd.name_len)]),
-                peer=bytes(blob[int(fd.peer_off) : int(fd.peer_off) + int(fd.peer_len)]),
+                local=p.core.blob_bytes(int(fd.name_off), int(fd.name_len)),
+                peer=p.core.blob_bytes(int(fd.peer_off), int(fd.peer_len)),
                 backlog=int(fd.backlog),
                 rcvbuf=int(fd.rcvbuf),
                 sndbuf=int(fd.sndbuf),

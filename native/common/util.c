@@ -1,4 +1,7 @@
 #include "util.h"
+#include "sys.h"
+
+#include <errno.h>
 
 size_t ck_strlen(const char *s)
 {
@@ -213,4 +216,34 @@ void ck_buf_error(struct ck_buf *b, const char *what, const char *detail, long r
         ck_buf_i64(b, -rc);
         ck_buf_str(b, ")");
     }
+}
+
+/* copy the data ranges of `in` (SEEK_DATA/SEEK_HOLE) below `size` into `out`
+ * at the same offsets, leaving holes as holes; both files' offsets move */
+long ck_copy_sparse(int in, int out, uint64_t size)
+{
+    int64_t pos = 0;
+    while ((uint64_t)pos < size) {
+        int64_t data = ck_lseek(in, pos, SEEK_DATA);
+        if (data == -ENXIO)
+            break;  /* only a hole is left */
+        if (data < 0)
+            data = pos;  /* no SEEK_DATA: copy everything */
+        int64_t hole = ck_lseek(in, data, SEEK_HOLE);
+        if (hole < 0 || (uint64_t)hole > size)
+            hole = (int64_t)size;
+        if (ck_lseek(in, data, SEEK_SET) < 0 || ck_lseek(out, data, SEEK_SET) < 0)
+            return -EIO;
+        int64_t left = hole - data;
+        while (left > 0) {
+            long n = ck_sendfile(out, in, (size_t)(left > (1 << 30) ? (1 << 30) : left));
+            if (n == -EINTR)
+                continue;
+            if (n <= 0)
+                return n < 0 ? n : -EIO;
+            left -= n;
+        }
+        pos = hole;
+    }
+    return 0;
 }

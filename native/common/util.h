@@ -20,6 +20,8 @@ void ck_memset(void *dst, int c, size_t n);
 int ck_memcmp(const void *a, const void *b, size_t n);
 /* copies at most cap-1 bytes and always terminates; returns strlen(src) */
 size_t ck_strlcpy(char *dst, const char *src, size_t cap);
+/* data ranges of in into out at the same offsets; 0 or -errno (sys.h calls) */
+long ck_copy_sparse(int in, int out, uint64_t size);
 
 /* parse an unsigned number in base 10 or 16; *end points past it */
 uint64_t ck_parse_u64(const char *s, int base, const char **end);

@@ -4,6 +4,19 @@
 
 #include <errno.h>
 
+void rst_pread_all(int fd, void *buf, uint64_t n, uint64_t off, const char *what)
+{
+    for (uint64_t done = 0; done < n;) {
+        uint64_t chunk = n - done > (1ull << 30) ? (1ull << 30) : n - done;  /* pread's limit is below 2 GiB */
+        long r = ck_pread(fd, (char *)buf + done, chunk, (int64_t)(off + done));
+        if (r == -EINTR)
+            continue;
+        if (r <= 0)
+            rst_fail(what, 0, r < 0 ? r : -EIO);
+        done += (uint64_t)r;
+    }
+}
+
 uint8_t *rst_read_file(const char *path, uint64_t *size)
 {
     long fd = ck_open(path, O_RDONLY | O_CLOEXEC, 0);
@@ -18,14 +31,7 @@ uint8_t *rst_read_file(const char *path, uint64_t *size)
     uint8_t *buf = ck_mmap(0, (len + 4096) & ~4095ull, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (ck_mmap_failed(buf))
         rst_fail("out of memory reading a file the restore needs", path, (long)buf);
-    for (uint64_t done = 0; done < len;) {
-        long n = ck_read((int)fd, buf + done, len - done);
-        if (n == -EINTR)
-            continue;
-        if (n <= 0)
-            rst_fail("cannot read a file the restore needs (truncated?)", path, n < 0 ? n : -EIO);
-        done += (uint64_t)n;
-    }
+    rst_pread_all((int)fd, buf, len, 0, "cannot read a file the restore needs (truncated?)");
     ck_close((int)fd);
     *size = len;
     return buf;

@@ -111,18 +111,10 @@ static void fill_pages(const struct rst_image *im, const struct ck_vma *v)
 {
     for (uint64_t r = v->first_run; r < v->first_run + v->nruns; r++) {
         const struct ck_page_run *run = &im->runs[r];
-        uint64_t len = run->npages * CK_PAGE_SIZE, done = 0;
+        uint64_t len = run->npages * CK_PAGE_SIZE;
         if (run->vaddr < v->start || run->vaddr + len > v->end)
             rst_fail("corrupt image: page run outside its mapping", 0, 0);
-        while (done < len) {
-            uint64_t chunk = len - done > (1ull << 30) ? (1ull << 30) : len - done;
-            long n = ck_pread(rst.pages_fd, (void *)(run->vaddr + done), chunk, run->offset + done);
-            if (n == -EINTR)
-                continue;
-            if (n <= 0)
-                rst_fail("cannot read pages.img (truncated?)", 0, n < 0 ? n : -EIO);
-            done += (uint64_t)n;
-        }
+        rst_pread_all(rst.pages_fd, (void *)run->vaddr, len, run->offset, "cannot read pages.img (truncated?)");
     }
 }
 

@@ -236,18 +236,6 @@ static long open_data(const struct line *l, int i)
     return fd;
 }
 
-static void read_exact(long fd, void *buf, uint64_t n, uint64_t off)
-{
-    for (uint64_t done = 0; done < n;) {
-        long r = ck_pread((int)fd, (char *)buf + done, n - done, off + done);
-        if (r == -EINTR)
-            continue;
-        if (r <= 0)
-            rst_fail("saved queue data is truncated", 0, r < 0 ? r : -EIO);
-        done += (uint64_t)r;
-    }
-}
-
 /* raw bytes into a pipe or a stream socket, never blocking */
 static void op_write(const struct line *l)
 {
@@ -256,7 +244,7 @@ static void op_write(const struct line *l)
     uint64_t off = num(l, 3), left = num(l, 4);
     while (left) {
         uint64_t n = left > BOUNCE ? BOUNCE : left;
-        read_exact(in, bounce, n, off);
+        rst_pread_all((int)in, bounce, n, off, "saved queue data is truncated");
         for (uint64_t done = 0; done < n;) {
             long w = ck_sendto(to, bounce + done, n - done, MSG_DONTWAIT, 0, 0);
             if (w == -ENOTSOCK)
@@ -279,11 +267,11 @@ static void send_records(int to, long in, uint64_t off, uint64_t len, const stru
     uint64_t end = off + len;
     while (off < end) {
         uint32_t n;
-        read_exact(in, &n, sizeof(n), off);
+        rst_pread_all((int)in, &n, sizeof(n), off, "saved queue data is truncated");
         off += sizeof(n);
         if (n > BOUNCE || off + n > end)
             rst_fail("corrupt saved datagram queue", 0, 0);
-        read_exact(in, bounce, n, off);
+        rst_pread_all((int)in, bounce, n, off, "saved queue data is truncated");
         off += n;
         long w;
         do
@@ -316,26 +304,9 @@ static void op_shmfill(const struct line *l)
     long rc = ck_fstat((int)in, &st);
     if (rc < 0)
         rst_fail("cannot stat saved shared memory", 0, rc);
-    int64_t pos = 0, size = st.st_size;
-    while (pos < size) {
-        int64_t data = ck_lseek((int)in, pos, SEEK_DATA);
-        if (data == -ENXIO)
-            break;
-        if (data < 0)
-            data = pos;
-        int64_t hole = ck_lseek((int)in, data, SEEK_HOLE);
-        if (hole < 0 || hole > size)
-            hole = size;
-        for (int64_t a = data; a < hole;) {
-            uint64_t n = (uint64_t)(hole - a) > BOUNCE ? BOUNCE : (uint64_t)(hole - a);
-            read_exact(in, bounce, n, (uint64_t)a);
-            long w = ck_pwrite(to, bounce, n, a);
-            if (w != (long)n)
-                rst_fail("cannot refill shared memory", 0, w < 0 ? w : -EIO);
-            a += (int64_t)n;
-        }
-        pos = hole;
-    }
+    rc = ck_copy_sparse((int)in, to, (uint64_t)st.st_size);
+    if (rc < 0)
+        rst_fail("cannot refill shared memory", 0, rc);
     ck_close((int)in);
 }
 

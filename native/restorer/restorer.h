@@ -122,6 +122,8 @@ void rst_note(const char *what, const char *detail, long rc);
 
 /* image.c */
 uint8_t *rst_read_file(const char *path, uint64_t *size);  /* whole, NUL-terminated, mmap'd */
+/* exactly n bytes at off, or rst_fail(what) */
+void rst_pread_all(int fd, void *buf, uint64_t n, uint64_t off, const char *what);
 void rst_parse_image(struct rst_image *im, const uint8_t *core, uint64_t size);
 const char *rst_str(const struct rst_image *im, uint32_t off);
 

@@ -89,17 +89,11 @@ int ck_tcp_settle(int timeout_ms)
         if (got <= 0)
             break;
         for (long off = 0; off < got;) {
-            struct {
-                uint64_t ino;
-                int64_t off;
-                unsigned short reclen;
-                unsigned char type;
-                char name[];
-            } *d = (void *)(buf + off);
-            off += d->reclen;
-            if (d->name[0] < '0' || d->name[0] > '9' || n >= MAX_SETTLE_FDS)
+            struct ck_linux_dirent64 *d = (void *)(buf + off);
+            off += d->d_reclen;
+            if (d->d_name[0] < '0' || d->d_name[0] > '9' || n >= MAX_SETTLE_FDS)
                 continue;
-            int fd = (int)ck_parse_u64(d->name, 10, 0);
+            int fd = (int)ck_parse_u64(d->d_name, 10, 0);
             if (fd != (int)dfd && opt_u32(fd, SOL_SOCKET, SO_PROTOCOL) == IPPROTO_TCP)
                 fds[n++] = fd;
         }

@@ -184,35 +184,6 @@ int ck_dump_files(struct ck_image *im, uint64_t *bytes)
     return 0;
 }
 
-/* copy the data ranges of `in` (SEEK_DATA/SEEK_HOLE) into `out` at the same offsets */
-static long copy_sparse(int in, int out, uint64_t size)
-{
-    int64_t pos = 0;
-    while ((uint64_t)pos < size) {
-        int64_t data = ck_lseek(in, pos, SEEK_DATA);
-        if (data == -ENXIO)
-            break;  /* only a hole is left */
-        if (data < 0)
-            data = pos;  /* no SEEK_DATA: copy everything */
-        int64_t hole = ck_lseek(in, data, SEEK_HOLE);
-        if (hole < 0 || (uint64_t)hole > size)
-            hole = (int64_t)size;
-        if (ck_lseek(in, data, SEEK_SET) < 0 || ck_lseek(out, data, SEEK_SET) < 0)
-            return -EIO;
-        int64_t left = hole - data;
-        while (left > 0) {
-            long n = ck_sendfile(out, in, (size_t)(left > (1 << 30) ? (1 << 30) : left));
-            if (n == -EINTR)
-                continue;
-            if (n <= 0)
-                return n < 0 ? n : -EIO;
-            left -= n;
-        }
-        pos = hole;
-    }
-    return ck_ftruncate(out, (int64_t)size);
-}
-
 int ck_save_shmem_fd(struct ck_image *im, struct ck_fd *f)
 {
     char name[64], link[64];
@@ -238,7 +209,9 @@ int ck_save_shmem_fd(struct ck_image *im, struct ck_fd *f)
         ck_close((int)out);
         return ck_image_fail(im, "cannot reopen shared memory the job holds", link, in);
     }
-    rc = copy_sparse((int)in, (int)out, f->size);
+    rc = ck_copy_sparse((int)in, (int)out, f->size);
+    if (rc == 0)
+        rc = ck_ftruncate((int)out, (int64_t)f->size);  /* the hole at the end too */
     ck_close((int)in);
     ck_close((int)out);
     if (rc < 0)
