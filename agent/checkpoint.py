@@ -69,6 +69,10 @@ class Checkpointer:
         self.identities = identities
         self._parked: dict[str, list[ShimConnection]] = {}
         self._dumps: dict[str, tuple[list[pb.ProcessDump], dict[str, Any]]] = {}
+        self._drained: set[str] = set()
+
+    def parked_jobs(self) -> list[str]:
+        return list(self._parked)
 
     # ---- prepare ----
 
@@ -138,6 +142,7 @@ class Checkpointer:
             self._back_to_running(job)
             raise
         self._parked[job.name] = parked
+        self._drained.discard(job.name)
         return pb.PrepareResponse(processes=len(parked), threads=threads)
 
     @staticmethod
@@ -196,16 +201,28 @@ class Checkpointer:
             exe=conn.exe,
         )
 
-    def dump(self, job: JobRuntime, ckpt_id: int, directory: str) -> pb.DumpResponse:
+    def drain(self, job: JobRuntime) -> None:
+        """Bytes still leaving one process for another land in the peer's
+        receive queue before any process is dumped, never in between.  The
+        coordinator drains every rank before it dumps any."""
         conns = self._parked.get(job.name)
         if not conns:
             raise CkptdError(Code.FAILED_PRECONDITION, f"job {job.name} is not quiesced (prepare first)")
         with job.cond:
+            job.operation = "checkpoint: draining bytes in flight"
+        with ThreadPoolExecutor(max_workers=min(len(conns), DUMP_PARALLEL)) as pool:
+            list(pool.map(self._settle, conns))
+        self._drained.add(job.name)
+
+    def dump(self, job: JobRuntime, ckpt_id: int, directory: str) -> pb.DumpResponse:
+        conns = self._parked.get(job.name)
+        if not conns:
+            raise CkptdError(Code.FAILED_PRECONDITION, f"job {job.name} is not quiesced (prepare first)")
+        if job.name not in self._drained:
+            self.drain(job)
+        with job.cond:
             job.operation = f"checkpoint {ckpt_id}: writing"
         with ThreadPoolExecutor(max_workers=min(len(conns), DUMP_PARALLEL)) as pool:
-            # bytes still leaving one process for another land in the peer's
-            # receive queue before any process is dumped, never in between
-            list(pool.map(self._settle, conns))
             # every process is parked: they write their images side by side
             futures = [pool.submit(self._dump_one, conn, directory) for conn in conns]
             errors = [e for f in futures if (e := f.exception()) is not None]
@@ -219,6 +236,11 @@ class Checkpointer:
             "stdout_ino": relay.get("stdout_ino", 0),
             "stderr_ino": relay.get("stderr_ino", 0),
         }
+        rank = job.spec.rank
+        if rank.vip:
+            # connections to these addresses are rebuilt one end at a time
+            tree["rank"] = rank.rank
+            tree["other_ranks"] = [r.vip for r in rank.ranks if r.rank != rank.rank]
         # a tree that could not be rebuilt is refused now, while the job can still run on
         procs = [{"dir": pd.dir} for pd in resp.processes]
         try:
@@ -252,10 +274,18 @@ class Checkpointer:
             job.cond.notify_all()
 
     def resume(self, job: JobRuntime) -> None:
+        self._drained.discard(job.name)
         self._release(self._parked.pop(job.name, []), "RESUME")
         self._back_to_running(job)
 
+    def forget(self, job: JobRuntime) -> None:
+        """The job is stopped while parked (preemption): nothing to release."""
+        self._drained.discard(job.name)
+        self._parked.pop(job.name, None)
+        self._dumps.pop(job.name, None)
+
     def abort(self, job: JobRuntime) -> None:
+        self._drained.discard(job.name)
         self._release(self._parked.pop(job.name, []), "ABORT")
         self._dumps.pop(job.name, None)
         self._back_to_running(job)

@@ -11,14 +11,15 @@ from typing import Any
 
 from ckptd.errors import CkptdError, Code
 from ckptd.image.checksum import IdentityCache
-from ckptd.paths import Home, JobDir
+from ckptd.paths import Home
 from ckptd.rpc import call, coordinator_stub
 from ckptd.v1 import ckptd_pb2 as pb
 
+from . import rank_net
 from .checkpoint import Checkpointer
 from .health import node_health
 from .restore import restore_job, verify_checkpoint
-from .runtime import Incarnation, JobRuntime, spec_from_json, spec_to_json
+from .runtime import RUNNING_STATES, Incarnation, JobRuntime, job_dir_of, spec_from_json, spec_to_json
 from .shim_link import ShimConnection, ShimServer
 
 log = logging.getLogger(__name__)
@@ -27,10 +28,11 @@ HEARTBEAT_S = 2.0
 
 
 class AgentNode:
-    def __init__(self, home: Home, node: str, address: str, coordinator: str) -> None:
+    def __init__(self, home: Home, node: str, address: str, coordinator: str, ip: str = "") -> None:
         self.home = home
         self.node = node
         self.address = address
+        self.ip = ip  # this node's address between nodes (ranks' traffic is routed to it)
         self.coordinator_address = coordinator
         self.jobs: dict[str, JobRuntime] = {}
         self.lock = threading.Lock()
@@ -41,6 +43,9 @@ class AgentNode:
         self._stop = threading.Event()
         self._events: list[pb.JobStatus] = []
         self._events_cv = threading.Condition()
+        self._coordinator_instance = ""
+        # restored ranks rebuilt and parked, waiting for the other ranks (Restore hold)
+        self.held: dict[str, list[ShimConnection]] = {}
 
     # ---- lifecycle ----
 
@@ -59,15 +64,19 @@ class AgentNode:
 
     def _register(self) -> bool:
         try:
-            call(
+            reply = call(
                 self._coordinator.RegisterNode,
-                pb.RegisterNodeRequest(node=self.node, address=self.address, uid=os.getuid()),
+                pb.RegisterNodeRequest(node=self.node, address=self.address, uid=os.getuid(), ip=self.ip),
                 5,
                 "coordinator",
             )
         except CkptdError as e:
             log.warning("cannot register with the coordinator at %s: %s", self.coordinator_address, e)
+            self._abandon_rounds("the coordinator is unreachable")
             return False
+        if self._coordinator_instance and reply.instance != self._coordinator_instance:
+            self._abandon_rounds("the coordinator restarted")
+        self._coordinator_instance = reply.instance
         for job in list(self.jobs.values()):
             self._queue_event(job.status())
         return True
@@ -89,6 +98,8 @@ class AgentNode:
                     # the coordinator restarted or is gone: register again
                     log.warning("heartbeat failed: %s", e)
                     registered = e.code is not Code.NOT_FOUND and e.code is not Code.UNAVAILABLE
+                    if e.code is Code.UNAVAILABLE:
+                        self._abandon_rounds("the coordinator is unreachable")
             self._stop.wait(HEARTBEAT_S)
 
     def _queue_event(self, status: pb.JobStatus) -> None:
@@ -112,7 +123,22 @@ class AgentNode:
                         "coordinator",
                     )
 
+    def _abandon_rounds(self, why: str) -> None:
+        """A checkpoint round whose coordinator is gone can never finish: the
+        parked jobs run on (the coordinator discards the half-written
+        checkpoint when it comes back)."""
+        for name in self.checkpointer.parked_jobs():
+            with contextlib.suppress(CkptdError):
+                log.warning("job %s: abandoning its checkpoint round: %s", name, why)
+                self.checkpointer.abort(self.get(name))
+
     def _on_change(self, job: JobRuntime) -> None:
+        if job.netns and job.state not in RUNNING_STATES:
+            # the rank's processes are gone: so is its address on this node
+            rank = job.spec.rank
+            with contextlib.suppress(rank_net.RankNetError, OSError):
+                rank_net.delete_rank_netns(self.node, rank.job, rank.rank)
+            job.netns = ""
         self._queue_event(job.status())
 
     # ---- shim connections ----
@@ -197,17 +223,48 @@ class AgentNode:
             old = self.jobs.get(spec.name)
         if old is not None and old.alive():
             raise CkptdError(Code.ALREADY_EXISTS, f"job {spec.name} is already running on {self.node}")
-        jd = JobDir.of(spec.ckpt_dir, spec.name)
+        jd = job_dir_of(spec)
         try:
             jd.path.mkdir(parents=True, exist_ok=True)
             jd.spec_file.write_text(spec_to_json(spec))
         except OSError as e:
             raise CkptdError(Code.PERMISSION_DENIED, f"cannot create the job directory {jd.path}: {e.strerror}") from e
         job = self._track(spec)
-        job.spawn(list(spec.argv), restore=False)
+        job.netns = self._rank_network(spec, carrier=True)
+        job.spawn([a.replace("{rank}", str(spec.rank.rank)) for a in spec.argv], restore=False)
         return job
 
-    def restore(self, spec: pb.JobSpec, checkpoint: Path, allow_changed: bool) -> JobRuntime:
+    def _rank_network(self, spec: pb.JobSpec, carrier: bool) -> str:
+        """A rank's network namespace with its virtual IP, and routes to the
+        job's other ranks through their nodes; "" for a classic job."""
+        rank = spec.rank
+        if not rank.vip:
+            return ""
+        remote = [r for r in rank.ranks if r.node != self.node]
+        if remote and not self.ip:
+            raise CkptdError(
+                Code.FAILED_PRECONDITION,
+                f"node {self.node} has no address for traffic between nodes; start its agent with --ip ADDRESS",
+            )
+        for r in remote:
+            if not r.node_ip:
+                raise CkptdError(
+                    Code.FAILED_PRECONDITION,
+                    f"node {r.node} (rank {r.rank}) has no address for traffic between nodes; "
+                    "start its agent with --ip ADDRESS",
+                )
+        try:
+            rank_net.enable_forwarding()
+            path = rank_net.create_rank_netns(self.node, rank.job, rank.rank, rank.vip, carrier)
+            rank_net.set_job_routes(self.ip, [rank_net.RankAddress(r.rank, r.vip, r.node_ip) for r in remote])
+        except (rank_net.RankNetError, OSError) as e:
+            raise CkptdError(
+                Code.FAILED_PRECONDITION,
+                f"cannot give rank {rank.rank} of job {rank.job} its network on {self.node}: {e}",
+            ) from e
+        return path
+
+    def restore(self, spec: pb.JobSpec, checkpoint: Path, allow_changed: bool, hold: bool = False) -> JobRuntime:
         with self.lock:
             job = self.jobs.get(spec.name)
         if job is not None and job.alive():
@@ -219,7 +276,13 @@ class AgentNode:
         verified = verify_checkpoint(spec.name, checkpoint, allow_changed, self.identities)
         job = self._track(spec)
         try:
-            restore_job(self.home, job, verified)
+            job_dir_of(spec).path.mkdir(parents=True, exist_ok=True)
+            # a rank's link stays down until every rank is rebuilt: no segment
+            # may reach a peer whose connection does not exist yet (a reset)
+            job.netns = self._rank_network(spec, carrier=not hold)
+            held = restore_job(self.home, job, verified, hold=hold)
+            if held is not None:
+                self.held[spec.name] = held
         except CkptdError as e:
             with job.cond:
                 if job.incarnation is None:  # failed before anything was started
@@ -237,7 +300,28 @@ class AgentNode:
     def health(self) -> pb.NodeHealth:
         h = node_health(self.node)
         h.address = self.address
+        h.ip = self.ip
         return h
+
+    def release(self, job: JobRuntime) -> bool:
+        """Let a held restored rank go: its link up, then its processes."""
+        conns = self.held.pop(job.name, None)
+        if conns is None:
+            return False
+        if job.netns:
+            try:
+                rank_net.set_carrier(self.node, job.spec.rank.job, job.spec.rank.rank, True)
+            except (rank_net.RankNetError, OSError) as e:
+                raise CkptdError(Code.INTERNAL, f"cannot bring job {job.name}'s link up: {e}") from e
+        for conn in conns:
+            conn.request("RESUME", timeout=30)
+        with job.cond:
+            job.state = "running"
+            job.message = f"restored from {job.incarnation.restored_from if job.incarnation else '?'}"
+            job.operation = ""
+            job.cond.notify_all()
+        self._on_change(job)
+        return True
 
     def manifest_part(self, job: JobRuntime, directory: str) -> dict[str, Any]:
         return self.checkpointer.finalize(job, directory)

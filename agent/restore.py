@@ -201,8 +201,12 @@ def verify_checkpoint(job: str, checkpoint: Path, allow_changed: bool, identitie
     return VerifiedCheckpoint(checkpoint, manifest, plan)
 
 
-def restore_job(home: Home, job: JobRuntime, verified: VerifiedCheckpoint) -> None:
-    """Steps 3-7, on a verified checkpoint."""
+def restore_job(
+    home: Home, job: JobRuntime, verified: VerifiedCheckpoint, hold: bool = False
+) -> list[ShimConnection] | None:
+    """Steps 3-7, on a verified checkpoint.  With hold (a rank of a
+    multi-node job) the rebuilt processes stay parked and are returned: they
+    run once every rank is rebuilt."""
     checkpoint, manifest = verified.path, verified.manifest
     procs = manifest["processes"]
     with job.cond:
@@ -238,6 +242,10 @@ def restore_job(home: Home, job: JobRuntime, verified: VerifiedCheckpoint) -> No
         reason = _restore_failure(Path(inc.runtime_dir)) or job.message or "the restorer did not report back in time"
         job.kill()
         raise CkptdError(Code.FAILED_PRECONDITION, f"restart of job {job.name} from {checkpoint.name} failed: {reason}")
+    if hold:
+        with job.cond:
+            job.operation = f"restart from {checkpoint.name}: rebuilt, waiting for the other ranks"
+        return conns
     # every process is rebuilt and parked: they run again together
     for conn in conns:
         conn.request("RESUME", timeout=30)
@@ -246,6 +254,7 @@ def restore_job(home: Home, job: JobRuntime, verified: VerifiedCheckpoint) -> No
         job.message = f"restored from {checkpoint.name}"
         job.operation = ""
         job.cond.notify_all()
+    return None
 
 
 def _restore_failure(runtime_dir: Path) -> str:

@@ -75,6 +75,14 @@ def spec_from_json(text: str) -> pb.JobSpec:
     return json_format.Parse(text, pb.JobSpec())
 
 
+def job_dir_of(spec: pb.JobSpec) -> JobDir:
+    """Where a job keeps its log: a rank of a multi-node job has its own,
+    under the job's directory."""
+    if spec.rank.job:
+        return JobDir(JobDir.of(spec.ckpt_dir, spec.rank.job).path / f"rank-{spec.rank.rank}")
+    return JobDir.of(spec.ckpt_dir, spec.name)
+
+
 def ns_pid(host_pid: int) -> int:
     """The pid a process has inside its own (innermost) pid namespace."""
     try:
@@ -93,7 +101,7 @@ class JobRuntime:
         self.node = node
         self.spec = spec
         self.name = spec.name
-        self.job_dir = JobDir.of(spec.ckpt_dir, spec.name)
+        self.job_dir = job_dir_of(spec)
         self.cond = threading.Condition()
         self.state = "starting"
         self.message = ""
@@ -103,7 +111,9 @@ class JobRuntime:
         self.popen: subprocess.Popen[bytes] | None = None
         self.exit: ExitInfo | None = None
         self.shims: dict[int, ShimConnection] = {}  # by host pid
+        self.netns = ""  # a rank's network namespace (see rank_net.py)
         self.kill_requested = False
+        self.stop_reason = ""
         self._on_change = on_change
 
     # ---- process tree ----
@@ -205,6 +215,8 @@ class JobRuntime:
         ]  # fmt: skip
         if os.getuid() != 0:
             cmd.append("--userns")
+        if self.netns:
+            cmd += ["--netns", self.netns, "--hostname", self.spec.rank.hostname]
         if restore:
             cmd.append("--restore")
         cmd += ["--", *program]
@@ -241,6 +253,7 @@ class JobRuntime:
             self.popen = popen
             self.exit = None
             self.kill_requested = False
+            self.stop_reason = ""
             self.shims = {}
             self.state = "restoring" if restore else "running"
             self.message = f"restoring from {restored_from}" if restore else ""
@@ -278,7 +291,9 @@ class JobRuntime:
             self.exit = exit_info
             for conn in self.shims.values():
                 conn.close()
-            if self.kill_requested:
+            if self.kill_requested and self.stop_reason:
+                self.state, self.message = "stopped", self.stop_reason
+            elif self.kill_requested:
                 self.state, self.message = "killed", "killed by `ckptctl kill`"
             elif exit_info.signal == signal.SIGKILL:
                 self.state = "failed"
@@ -326,10 +341,12 @@ class JobRuntime:
         with contextlib.suppress(ProcessLookupError):
             os.kill(main, sig)
 
-    def kill(self) -> None:
-        """Kill the whole incarnation: SIGKILL to the reaper ends the namespace."""
+    def kill(self, stop_reason: str = "") -> None:
+        """Kill the whole incarnation: SIGKILL to the reaper ends the namespace.
+        With a stop_reason the job ends as "stopped" (preemption), not "killed"."""
         with self.cond:
             self.kill_requested = True
+            self.stop_reason = stop_reason
         init = self._init_process()
         if init is None:
             return

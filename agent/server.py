@@ -73,12 +73,19 @@ class AgentService(pb_grpc.AgentServicer):
         return self.node.checkpointer.prepare(job, request.checkpoint_id, request.timeout_s or 10.0, request.dir)
 
     @rpc_method
+    def Drain(self, request: pb.ResumeRequest, context: grpc.ServicerContext) -> pb.Empty:
+        self.node.checkpointer.drain(self.node.get(request.job))
+        return pb.Empty()
+
+    @rpc_method
     def Dump(self, request: pb.DumpRequest, context: grpc.ServicerContext) -> pb.DumpResponse:
         return self.node.checkpointer.dump(self.node.get(request.job), request.checkpoint_id, request.dir)
 
     @rpc_method
     def Resume(self, request: pb.ResumeRequest, context: grpc.ServicerContext) -> pb.Empty:
-        self.node.checkpointer.resume(self.node.get(request.job))
+        job = self.node.get(request.job)
+        if not self.node.release(job):  # a rank held after its restore, or a checkpoint's pause
+            self.node.checkpointer.resume(job)
         return pb.Empty()
 
     @rpc_method
@@ -87,8 +94,23 @@ class AgentService(pb_grpc.AgentServicer):
             job = self.node.get(request.job)
         except CkptdError:
             return pb.Empty()
+        if job.name in self.node.held:  # a held restore that will not go on: it must not run alone
+            self.node.held.pop(job.name, None)
+            job.kill()
+            job.wait_ended(10)
+            return pb.Empty()
         self.node.checkpointer.abort(job)
         return pb.Empty()
+
+    @rpc_method
+    def Stop(self, request: pb.StopRequest, context: grpc.ServicerContext) -> pb.JobStatus:
+        """End a job for good after its final checkpoint (preemption)."""
+        job = self.node.get(request.job)
+        self.node.checkpointer.forget(job)
+        self.node.held.pop(job.name, None)
+        job.kill(request.reason or "stopped")
+        job.wait_ended(10)
+        return job.status()
 
     @rpc_method
     def Finalize(self, request: pb.FinalizeRequest, context: grpc.ServicerContext) -> pb.FinalizeResponse:
@@ -103,7 +125,7 @@ class AgentService(pb_grpc.AgentServicer):
                 Code.FAILED_PRECONDITION,
                 f"node {self.node.node} cannot see {checkpoint}: checkpoint storage must be shared by every node",
             )
-        return self.node.restore(request.spec, checkpoint, request.allow_changed_files).status()
+        return self.node.restore(request.spec, checkpoint, request.allow_changed_files, request.hold).status()
 
     @rpc_method
     def Health(self, request: pb.Empty, context: grpc.ServicerContext) -> pb.NodeHealth:

@@ -63,7 +63,9 @@ def run_coordinator(home: Home, listen: str, stop: threading.Event | None = None
     server.stop(2).wait()
 
 
-def run_agent(home: Home, node: str, coordinator: str, listen: str, stop: threading.Event | None = None) -> None:
+def run_agent(
+    home: Home, node: str, coordinator: str, listen: str, *, stop: threading.Event | None = None, ip: str = ""
+) -> None:
     from ckptd.agent.node import AgentNode
     from ckptd.agent.server import AgentService
 
@@ -71,7 +73,7 @@ def run_agent(home: Home, node: str, coordinator: str, listen: str, stop: thread
     home.ensure()
     server = make_server()
     address = bind(server, listen)
-    agent = AgentNode(home, node, address, coordinator)
+    agent = AgentNode(home, node, address, coordinator, ip)
     pb_grpc.add_AgentServicer_to_server(AgentService(agent), server)
     server.start()
     agent.start()

@@ -1,19 +1,30 @@
-"""The checkpoint round (barrier protocol v1), driven by the coordinator.
+"""The checkpoint round (barrier protocol v2), driven by the coordinator.
+
+A job is one or more targets: a classic job's single process tree, or the
+ranks of a multi-node job, each on its node's agent.  Every phase runs on
+all targets in parallel and completes on all before the next one starts:
 
     0 reserve   next id; create <job dir>/.ckpt-N.tmp-XXXX (fails early on
                 read-only or missing storage, before the job is touched)
-    1 prepare   every rank quiesces (Agent.Prepare); any failure -> abort
-    2 dump      every rank writes its images into the temporary directory,
-                and the job's output log position is recorded (Agent.Dump)
-    3 resume    the job runs again (Agent.Resume); the stall ends here
-    4 finalize  checksums, identities, fsync (Agent.Finalize)
-    5 commit    manifest.json written and fsynced, then the directory is
-                renamed to ckpt-N: atomic, and only now visible
+    1 prepare   every rank quiesces: all its processes parked (Agent.Prepare)
+    2 drain     every rank lets its unsent TCP bytes leave into its parked
+                peers' receive queues (Agent.Drain); connections between
+                ranks are also saved in repair mode, whole, so any byte
+                still in flight is replayed exactly once
+    3 dump      every rank writes its images into <tmp>/rank-R (a classic
+                job: <tmp>) in parallel, with its output log position
+    4 resume    the job runs again (Agent.Resume); the stall ends here.
+                With then_stop (preemption) the ranks stay parked instead
+    5 finalize  checksums, identities, fsync (Agent.Finalize)
+    6 commit    every rank's manifest, then the job's manifest.json, fsynced;
+                then the directory is renamed to ckpt-N: atomic, and only
+                now visible.  With then_stop the ranks are stopped now
 
-Abort at any step: Agent.Abort (release parked threads), remove the
-temporary directory.  The last committed checkpoint is never touched.
-Version 1 has one rank per job; the phases are kept apart so that several
-ranks only need the loops in prepare/dump/resume widened (see ARCHITECTURE.md).
+Abort at any step, on any rank's failure or timeout: Agent.Abort on every
+rank (release parked threads), remove the temporary directory.  The last
+committed checkpoint is never touched.  A coordinator that dies mid-round
+leaves only a temporary directory, which the next one removes; its agents
+notice its absence (or its new instance id) and release their parked ranks.
 """
 
 from __future__ import annotations
@@ -23,20 +34,24 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from ckptd.errors import CkptdError, Code
 from ckptd.image.manifest import write_manifest
 from ckptd.rpc import call
 from ckptd.v1 import ckptd_pb2 as pb
+from ckptd.v1 import ckptd_pb2_grpc as pb_grpc
 
 from .catalog import Catalog, info_from_manifest
 from .jobs import JobRecord, now_rfc3339
 from .nodes import NodeRegistry
+from .ranks import Target
 
 log = logging.getLogger(__name__)
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 DEFAULT_QUIESCE_TIMEOUT_S = 10.0
 LONG_RPC_S = 6 * 3600.0
 
@@ -49,12 +64,15 @@ class CheckpointRound:
         catalog: Catalog,
         timeout_s: float,
         set_operation: Callable[[str], None],
+        *,
+        then_stop: bool = False,
     ) -> None:
         self.record = record
         self.nodes = nodes
         self.catalog = catalog
         self.timeout_s = timeout_s or DEFAULT_QUIESCE_TIMEOUT_S
         self.set_operation = set_operation
+        self.then_stop = then_stop
 
     def run(self) -> pb.CheckpointInfo:
         record = self.record
@@ -69,77 +87,137 @@ class CheckpointRound:
             self.set_operation("")
             record.op_lock.release()
 
+    def _on_all(
+        self, stubs: dict[Target, pb_grpc.AgentStub], method: str, make: Callable[[Target], Any], timeout: float
+    ) -> dict[Target, Any]:
+        """One phase on every target at once; the first failure (by rank) is raised
+        after all have answered, naming the rank."""
+
+        def one(t: Target) -> Any:
+            try:
+                return call(getattr(stubs[t], method), make(t), timeout, f"agent on {t.node}")
+            except CkptdError as e:
+                prefix = f"{t.label}: " if self.record.ranks else ""
+                raise CkptdError(e.code, prefix + e.message) from None
+
+        targets = list(stubs)
+        with ThreadPoolExecutor(max_workers=min(len(targets), 16)) as pool:
+            futures = {t: pool.submit(one, t) for t in targets}
+        for f in futures.values():
+            if f.exception() is not None:
+                raise f.exception()  # type: ignore[misc]
+        return {t: f.result() for t, f in futures.items()}
+
     def _run(self) -> pb.CheckpointInfo:
         record, job = self.record, self.record.name
-        node = self.nodes.get(record.node)
-        if not node.alive:
-            raise CkptdError(Code.UNAVAILABLE, f"node {node.name} of job {job} is not answering; cannot checkpoint")
-        agent = node.stub
-        assert agent is not None
-        status = call(agent.GetJob, pb.AgentJobRequest(job=job), 10, f"agent on {node.name}")
-        if status.state != "running":
-            raise CkptdError(
-                Code.FAILED_PRECONDITION, f"job {job} is {status.state}, not running; nothing to checkpoint"
-            )
+        targets = record.targets()
+        stubs = {t: self.nodes.live_stub(t.node, job) for t in targets}
+        states = self._on_all(stubs, "GetJob", lambda t: pb.AgentJobRequest(job=t.name), 10)
+        for t, status in states.items():
+            if status.state != "running":
+                where = f" ({t.label})" if record.ranks else ""
+                raise CkptdError(
+                    Code.FAILED_PRECONDITION, f"job {job}{where} is {status.state}, not running; nothing to checkpoint"
+                )
 
         t0 = time.monotonic()
         job_dir = record.job_dir
         ckpt_id = self.catalog.next_id(job_dir)
         tmp = self.catalog.create_tmp(job_dir, ckpt_id)
+        dirs = {t: (tmp / f"rank-{t.rank.rank}" if t.rank else tmp) for t in targets}
+        for d in dirs.values():
+            d.mkdir(exist_ok=True)
         timings: dict[str, float] = {}
-        parked = False
-        where = f"agent on {node.name}"
+        parked: dict[Target, pb_grpc.AgentStub] = {}
 
-        def phase(key: str, text: str, method: Any, request: Any, timeout: float) -> Any:
+        def phase(key: str, text: str, method: str, make: Callable[[Target], Any], timeout: float) -> dict[Target, Any]:
             self.set_operation(f"checkpoint {ckpt_id}: {text}")
             t = time.monotonic()
-            reply = call(method, request, timeout, where)
+            replies = self._on_all(stubs, method, make, timeout)
             timings[key] = time.monotonic() - t
-            return reply
+            return replies
+
+        def request(t: Target) -> pb.ResumeRequest:
+            return pb.ResumeRequest(job=t.name, checkpoint_id=ckpt_id)
 
         try:
             t_pause = time.monotonic()
+            parked = dict(stubs)  # an abort releases every rank, parked or not
             prep = phase(
                 "quiesce_s",
                 "quiescing",
-                agent.Prepare,
-                pb.PrepareRequest(job=job, checkpoint_id=ckpt_id, timeout_s=self.timeout_s, dir=str(tmp)),
+                "Prepare",
+                lambda t: pb.PrepareRequest(
+                    job=t.name, checkpoint_id=ckpt_id, timeout_s=self.timeout_s, dir=str(dirs[t])
+                ),
                 self.timeout_s + 30,
             )
-            parked = True
-            dump = phase(
+            phase("drain_s", "draining bytes in flight", "Drain", request, 60)
+            dumps = phase(
                 "dump_s",
                 "writing",
-                agent.Dump,
-                pb.DumpRequest(job=job, checkpoint_id=ckpt_id, dir=str(tmp)),
+                "Dump",
+                lambda t: pb.DumpRequest(job=t.name, checkpoint_id=ckpt_id, dir=str(dirs[t])),
                 LONG_RPC_S,
             )
-            call(agent.Resume, pb.ResumeRequest(job=job, checkpoint_id=ckpt_id), 60, where)
-            parked = False
+            if not self.then_stop:
+                phase("resume_s", "resuming", "Resume", request, 60)
+                parked = {}
             timings["stall_s"] = time.monotonic() - t_pause  # as seen from outside: an upper bound
-            fin = phase(
+            parts = phase(
                 "finalize_s",
                 "checksums and fsync",
-                agent.Finalize,
-                pb.FinalizeRequest(job=job, checkpoint_id=ckpt_id, dir=str(tmp)),
+                "Finalize",
+                lambda t: pb.FinalizeRequest(job=t.name, checkpoint_id=ckpt_id, dir=str(dirs[t])),
                 LONG_RPC_S,
             )
-            part: dict[str, Any] = json.loads(fin.manifest_part_json)
-
             self.set_operation(f"checkpoint {ckpt_id}: committing")
             timings["total_s"] = time.monotonic() - t0
-            manifest = {
-                "job": job,
+            manifest = self._manifest(
+                ckpt_id=ckpt_id, targets=targets, prep=prep, dumps=dumps, parts=parts, dirs=dirs, timings=timings
+            )
+            write_manifest(tmp, manifest)
+            final = self.catalog.commit(tmp, job_dir, ckpt_id)
+        except BaseException:
+            if parked:
+                self._abort(parked, ckpt_id)
+            self.catalog.discard(tmp)
+            raise
+        if self.then_stop:
+            self._stop(stubs, final.name)
+        record.last_checkpoint_at = time.monotonic()
+        info = info_from_manifest(job, final)
+        log.info(
+            "job %s: committed %s (%d bytes, stall %.3f s, total %.3f s)%s",
+            job, final.name, info.size_bytes, timings["stall_s"], timings["total_s"],
+            " and stopped" if self.then_stop else "",
+        )  # fmt: skip
+        return info
+
+    def _manifest(
+        self,
+        *,
+        ckpt_id: int,
+        targets: list[Target],
+        prep: dict[Target, Any],
+        dumps: dict[Target, Any],
+        parts: dict[Target, Any],
+        dirs: dict[Target, Path],
+        timings: dict[str, float],
+    ) -> dict[str, Any]:
+        record = self.record
+
+        def one(t: Target) -> dict[str, Any]:
+            dump = dumps[t]
+            part: dict[str, Any] = json.loads(parts[t].manifest_part_json)
+            return {
+                "job": t.name,
                 "id": ckpt_id,
                 "created": now_rfc3339(),
-                "node": node.name,
+                "node": t.node,
                 "protocol": PROTOCOL_VERSION,
-                "spec": {
-                    "argv": list(record.spec.argv),
-                    "cwd": record.spec.cwd,
-                    "env": dict(record.spec.env),
-                },
-                "threads": prep.threads,
+                "spec": {"argv": list(record.spec.argv), "cwd": record.spec.cwd, "env": dict(record.spec.env)},
+                "threads": prep[t].threads,
                 "output": {"log_bytes": dump.log_bytes, "index_bytes": dump.index_bytes},
                 "timings": {k: round(v, 6) for k, v in timings.items()},
                 "sizes": {
@@ -149,23 +227,47 @@ class CheckpointRound:
                 },
                 **part,
             }
-            write_manifest(tmp, manifest)
-            final = self.catalog.commit(tmp, job_dir, ckpt_id)
-        except BaseException:
-            if parked:
-                with contextlib.suppress(CkptdError):
-                    call(
-                        agent.Abort,
-                        pb.ResumeRequest(job=job, checkpoint_id=ckpt_id),
-                        60,
-                        f"agent on {node.name}",
-                    )
-            self.catalog.discard(tmp)
-            raise
-        record.last_checkpoint_at = time.monotonic()
-        info = info_from_manifest(job, final)
-        log.info(
-            "job %s: committed %s (%d bytes, stall %.3f s, total %.3f s)",
-            job, final.name, info.size_bytes, timings["stall_s"], timings["total_s"],
-        )  # fmt: skip
-        return info
+
+        if not record.ranks:
+            return one(targets[0])
+        # each rank's directory is a whole single-rank checkpoint of its own
+        # (an agent restores it alone); the job's manifest lists them
+        ranks = []
+        files: list[dict[str, Any]] = []
+        sizes = {"pages_bytes": 0, "core_bytes": 0, "files_bytes": 0}
+        processes: list[dict[str, Any]] = []
+        for t in targets:
+            assert t.rank is not None
+            m = one(t)
+            write_manifest(dirs[t], m)
+            sub = dirs[t].name
+            ranks.append({"rank": t.rank.rank, "node": t.node, "vip": t.rank.vip, "dir": sub})
+            files.extend(dict(f, path=f"{sub}/{f['path']}") for f in m.get("files", []))
+            files.append({"path": f"{sub}/manifest.json", "size": (dirs[t] / "manifest.json").stat().st_size})
+            for k in sizes:
+                sizes[k] += m["sizes"][k]
+            processes.extend(dict(p, rank=t.rank.rank) for p in m["processes"])
+        return {
+            "job": record.name,
+            "id": ckpt_id,
+            "created": now_rfc3339(),
+            "node": ",".join(sorted({t.node for t in targets})),
+            "protocol": PROTOCOL_VERSION,
+            "nranks": len(targets),
+            "ranks": ranks,
+            "processes": processes,
+            "timings": {k: round(v, 6) for k, v in timings.items()},
+            "sizes": sizes,
+            "files": files,
+        }
+
+    def _abort(self, parked: dict[Target, pb_grpc.AgentStub], ckpt_id: int) -> None:
+        for t, stub in parked.items():
+            with contextlib.suppress(CkptdError):
+                call(stub.Abort, pb.ResumeRequest(job=t.name, checkpoint_id=ckpt_id), 60, f"agent on {t.node}")
+
+    def _stop(self, stubs: dict[Target, pb_grpc.AgentStub], name: str) -> None:
+        reason = f"stopped after its final checkpoint {name}; `ckptctl restart {self.record.name}` resumes it"
+        for t, stub in stubs.items():
+            with contextlib.suppress(CkptdError):
+                call(stub.Stop, pb.StopRequest(job=t.name, reason=reason), 60, f"agent on {t.node}")

@@ -23,10 +23,12 @@ from ckptd.errors import CkptdError, Code
 from ckptd.paths import JobDir
 from ckptd.v1 import ckptd_pb2 as pb
 
+from .ranks import RankRecord, Target, aggregate, split_agent_job_name
+
 log = logging.getLogger(__name__)
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-TERMINAL = ("exited", "killed")
+TERMINAL = ("exited", "killed", "stopped")
 RUNNING = ("starting", "running", "checkpointing", "restoring")
 _ADJECTIVES = (
     "amber",
@@ -63,6 +65,14 @@ class JobRecord:
     status: pb.JobStatus
     op_lock: threading.Lock = field(default_factory=threading.Lock)
     last_checkpoint_at: float = 0.0
+    ranks: list[RankRecord] = field(default_factory=list)  # a multi-node job's; empty: a classic job
+    vip_slot: int = 0
+    last_auto_restart: float = 0.0
+
+    def targets(self) -> list[Target]:
+        if self.ranks:
+            return [Target(f"{self.name}@{r.rank}", r.node, r) for r in self.ranks]
+        return [Target(self.name, self.node, None)]
 
     @property
     def name(self) -> str:
@@ -107,7 +117,11 @@ class JobRegistry:
                     f"not running: its node or ckptd restarted; `ckptctl restart {spec.name}` "
                     "resumes it from its last checkpoint"
                 )
-            self.jobs[spec.name] = JobRecord(spec=spec, node=status.node, status=status)
+            record = JobRecord(spec=spec, node=status.node, status=status, vip_slot=int(data.get("vip_slot", 0)))
+            for r in data.get("ranks", []):
+                rs = pb.JobStatus(name=f"{spec.name}@{r['rank']}", state=status.state, message=status.message)
+                record.ranks.append(RankRecord(int(r["rank"]), str(r["node"]), str(r["vip"]), rs))
+            self.jobs[spec.name] = record
 
     def save(self, record: JobRecord) -> None:
         last = {}
@@ -118,12 +132,15 @@ class JobRegistry:
                 "exit_code": record.status.exit_code,
                 "exit_signal": record.status.exit_signal,
             }
-        data = {"spec": json.loads(spec_to_json(record.spec)), "node": record.node, "last": last}
+        data: dict[str, object] = {"spec": json.loads(spec_to_json(record.spec)), "node": record.node, "last": last}
+        if record.ranks:
+            data["ranks"] = [{"rank": r.rank, "node": r.node, "vip": r.vip} for r in record.ranks]
+            data["vip_slot"] = record.vip_slot
         tmp = self._file(record.name).with_suffix(".tmp")
         tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
         os.replace(tmp, self._file(record.name))
 
-    def add(self, spec: pb.JobSpec, node: str) -> JobRecord:
+    def add(self, spec: pb.JobSpec, node: str, ranks: list[RankRecord] | None = None, vip_slot: int = 0) -> JobRecord:
         with self.lock:
             if spec.name in self.jobs:
                 raise CkptdError(Code.ALREADY_EXISTS, f"job {spec.name} already exists; choose another --job name")
@@ -131,7 +148,11 @@ class JobRegistry:
                 spec=spec,
                 node=node,
                 status=pb.JobStatus(name=spec.name, state="starting", node=node, spec=spec),
+                ranks=ranks or [],
+                vip_slot=vip_slot,
             )
+            for r in record.ranks:
+                r.status = pb.JobStatus(name=f"{spec.name}@{r.rank}", state="starting", node=r.node)
             self.jobs[spec.name] = record
             self.save(record)
             return record
@@ -140,6 +161,24 @@ class JobRegistry:
         with self.lock:
             self.jobs.pop(name, None)
             self._file(name).unlink(missing_ok=True)
+
+    def used_vip_slots(self) -> set[int]:
+        with self.lock:
+            return {r.vip_slot for r in self.jobs.values() if r.vip_slot}
+
+    def find(self, agent_job: str) -> tuple[JobRecord, RankRecord | None] | None:
+        """The record an agent's job name belongs to ("<job>@<rank>" for a rank)."""
+        job, rank = split_agent_job_name(agent_job)
+        with self.lock:
+            record = self.jobs.get(job if rank is not None else agent_job)
+        if record is None:
+            return None
+        if rank is None:
+            return (record, None) if not record.ranks else None
+        for r in record.ranks:
+            if r.rank == rank:
+                return record, r
+        return None
 
     def get(self, name: str) -> JobRecord:
         with self.lock:
@@ -162,10 +201,15 @@ class JobRegistry:
         with self.lock:
             return sorted(self.jobs.values(), key=lambda r: r.spec.created)
 
-    def update(self, record: JobRecord, status: pb.JobStatus, node: str) -> None:
-        """An agent's report of the job's state."""
+    def update(self, record: JobRecord, status: pb.JobStatus, node: str, rank: RankRecord | None = None) -> None:
+        """An agent's report of the job's (or one rank's) state."""
         with self.lock:
             was_terminal = record.status.state in TERMINAL
+            if rank is not None:
+                rank.status = status
+                rank.node = node
+                status = aggregate(record.name, record.ranks)
+                node = record.ranks[0].node
             record.status = status
             record.node = node
             if status.state in TERMINAL or was_terminal:

@@ -22,6 +22,7 @@ class Node:
     last_seen: float
     health: pb.NodeHealth = field(default_factory=pb.NodeHealth)
     stub: pb_grpc.AgentStub | None = None
+    ip: str = ""  # its address between nodes (agent --ip)
 
     @property
     def alive(self) -> bool:
@@ -33,13 +34,30 @@ class NodeRegistry:
         self.lock = threading.Lock()
         self.nodes: dict[str, Node] = {}
 
-    def register(self, name: str, address: str) -> None:
+    def register(self, name: str, address: str, ip: str = "") -> None:
         with self.lock:
             node = self.nodes.get(name)
             if node is None or node.address != address:
                 node = Node(name=name, address=address, last_seen=time.monotonic(), stub=agent_stub(address))
                 self.nodes[name] = node
+            node.ip = ip
             node.last_seen = time.monotonic()
+
+    def ips(self) -> dict[str, str]:
+        with self.lock:
+            return {n.name: n.ip for n in self.nodes.values()}
+
+    def live_stub(self, name: str, job: str) -> pb_grpc.AgentStub:
+        """The agent of a node that must answer now, or a clear error."""
+        node = self.get(name)
+        if not node.alive or node.stub is None:
+            raise CkptdError(
+                Code.UNAVAILABLE,
+                f"node {name} of job {job} is not answering "
+                f"(no heartbeat for {time.monotonic() - node.last_seen:.0f} s); "
+                f"`ckptctl nodes` shows the nodes, `ckptctl restart {job} --on NODE` moves the job",
+            )
+        return node.stub
 
     def heartbeat(self, name: str, health: pb.NodeHealth) -> None:
         with self.lock:
@@ -71,6 +89,7 @@ class NodeRegistry:
             h.CopyFrom(n.health)
             h.node = n.name
             h.address = n.address
+            h.ip = n.ip
             h.alive = n.alive
             h.last_seen_s = time.monotonic() - n.last_seen
             out.append(h)

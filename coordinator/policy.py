@@ -1,4 +1,5 @@
-"""Policies the coordinator applies on its own: periodic checkpoints (--interval)."""
+"""Policies the coordinator applies on its own: periodic checkpoints (--interval)
+and automatic restarts (--auto-restart)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from ckptd.errors import CkptdError
+from ckptd.v1 import ckptd_pb2 as pb
 
 from .jobs import JobRecord, JobRegistry
 
@@ -57,3 +60,47 @@ class IntervalScheduler:
         finally:
             with self._lock:
                 self._busy.discard(record.name)
+
+
+class AutoRestarter:
+    """Jobs launched with --auto-restart come back from their latest committed
+    checkpoint on their own when a rank dies or its node stops answering:
+    the surviving ranks are stopped and every rank is rebuilt, the dead
+    node's ranks on the least busy live nodes."""
+
+    POLL_S = 1.0
+    BACKOFF_S = 10.0
+
+    def __init__(self, coordinator: Any) -> None:
+        self.c = coordinator
+        self._stop = threading.Event()
+
+    def start(self) -> None:
+        threading.Thread(target=self._loop, name="auto-restart", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.POLL_S):
+            for record in self.c.registry.all():
+                if not record.spec.auto_restart or record.op_lock.locked():
+                    continue
+                if time.monotonic() - record.last_auto_restart < self.BACKOFF_S:
+                    continue
+                try:
+                    self._check(record)
+                except CkptdError as e:
+                    log.warning(
+                        "auto-restart of %s failed: %s (next try in %.0f s)", record.name, e.message, self.BACKOFF_S
+                    )
+
+    def _check(self, record: JobRecord) -> None:
+        status = self.c.status(record)
+        if status.state not in ("failed", "lost") or not status.checkpoints:
+            return
+        record.last_auto_restart = time.monotonic()
+        log.info("auto-restart: job %s is %s (%s); restarting from its last checkpoint", record.name,
+                 status.state, status.message)  # fmt: skip
+        resp = self.c.restart(record, pb.RestartRequest(job=record.name, force=True))
+        log.info("auto-restart: job %s restarted from %s", record.name, resp.checkpoint.name)

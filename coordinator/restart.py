@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from ckptd.errors import CkptdError, Code
+from ckptd.image.manifest import load_manifest
 from ckptd.rpc import call
 from ckptd.v1 import ckptd_pb2 as pb
 
@@ -13,6 +17,7 @@ from .barrier import LONG_RPC_S
 from .catalog import Catalog
 from .jobs import JobRecord, JobRegistry
 from .nodes import Node, NodeRegistry
+from .ranks import RUNNING, RankRecord, agent_job_name, aggregate, apply_placement, rank_spec
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +105,11 @@ def restart_job(
     try:
         t0 = time.monotonic()
         checkpoint = _choose_checkpoint(record, catalog, request.from_id)
+        if record.ranks:
+            status = _restart_ranks(record, registry, nodes, checkpoint, request)
+            return pb.RestartResponse(status=status, checkpoint=checkpoint, duration_s=time.monotonic() - t0)
+        if not request.node and request.placement:
+            request.node = request.placement[0]
         _stop_if_alive(record, nodes, request.force)
         node = _choose_node(record, nodes, request.node)
         assert node.stub is not None
@@ -122,3 +132,126 @@ def restart_job(
         with registry.lock:
             record.status.operation = ""
         record.op_lock.release()
+
+
+def _live_rank_status(nodes: NodeRegistry, name: str, rank: RankRecord) -> pb.JobStatus:
+    try:
+        node = nodes.get(rank.node)
+    except CkptdError:
+        return pb.JobStatus(name=name, state="lost")
+    if not node.alive or node.stub is None:
+        return pb.JobStatus(name=name, state="lost")
+    try:
+        return call(node.stub.GetJob, pb.AgentJobRequest(job=name), 10, f"agent on {node.name}")
+    except CkptdError as e:
+        if e.code is Code.NOT_FOUND:
+            return pb.JobStatus(name=name, state="lost")
+        raise
+
+
+def _stop_ranks(record: JobRecord, nodes: NodeRegistry, force: bool) -> None:
+    """A job whose ranks all run is only restarted with force; one that lost a
+    rank cannot go on, and its surviving ranks are stopped first."""
+    live = {r.rank: _live_rank_status(nodes, agent_job_name(record.name, r.rank), r) for r in record.ranks}
+    view = [RankRecord(r.rank, r.node, r.vip, live[r.rank]) for r in record.ranks]
+    job = aggregate(record.name, view)
+    running = [r for r in view if r.status.state in RUNNING]
+    if not running:
+        return
+    if job.state in RUNNING and not force:
+        where = ", ".join(f"rank {r.rank} on {r.node}" for r in running)
+        raise CkptdError(
+            Code.FAILED_PRECONDITION,
+            f"job {record.name} is still running ({where}); stop it first or pass --force",
+        )
+    for r in running:
+        node = nodes.get(r.node)
+        assert node.stub is not None
+        log.info("restart: stopping rank %d of job %s on %s", r.rank, record.name, r.node)
+        call(
+            node.stub.SignalJob,
+            pb.SignalRequest(job=agent_job_name(record.name, r.rank), signal=9),
+            KILL_WAIT_S + 10,
+            f"agent on {r.node}",
+        )
+
+
+def _restart_ranks(
+    record: JobRecord,
+    registry: JobRegistry,
+    nodes: NodeRegistry,
+    checkpoint: pb.CheckpointInfo,
+    request: pb.RestartRequest,
+) -> pb.JobStatus:
+    """Every rank from the same checkpoint: rebuilt on its node with its link
+    down and its processes parked; once all are rebuilt, links up and run."""
+    manifest = load_manifest(Path(checkpoint.path))
+    saved = {int(r["rank"]): r for r in manifest.get("ranks", [])}
+    if sorted(saved) != [r.rank for r in record.ranks]:
+        raise CkptdError(
+            Code.DATA_LOSS,
+            f"{checkpoint.name} holds ranks {sorted(saved)}, but job {record.name} has {len(record.ranks)}",
+        )
+    _stop_ranks(record, nodes, request.force)
+    placement = list(request.placement) + ([request.node] if request.node else [])
+    live = [n.name for n in nodes.live()]
+    busy: dict[str, int] = {}
+    for other in registry.all():
+        if other is not record:
+            for t in other.targets():
+                busy[t.node] = busy.get(t.node, 0) + 1
+    where = apply_placement(record.ranks, placement, live, busy)
+    ranks = [
+        RankRecord(
+            r.rank, where[r.rank], r.vip, pb.JobStatus(name=agent_job_name(record.name, r.rank), state="restoring")
+        )
+        for r in record.ranks
+    ]
+    ips = nodes.ips()
+    with registry.lock:
+        # from now on the agents' reports about these ranks come from the new nodes
+        record.ranks = ranks
+        record.node = ranks[0].node
+        record.status.operation = f"restart from {checkpoint.name} on " + ", ".join(f"{r.rank}={r.node}" for r in ranks)
+
+    def restore(r: RankRecord) -> pb.JobStatus:
+        stub = nodes.live_stub(r.node, record.name)
+        try:
+            return call(
+                stub.Restore,
+                pb.RestoreRequest(
+                    spec=rank_spec(record.spec, ranks, r, ips),
+                    checkpoint_dir=str(Path(checkpoint.path) / saved[r.rank]["dir"]),
+                    allow_changed_files=request.allow_changed_files,
+                    hold=True,
+                ),
+                LONG_RPC_S,
+                f"agent on {r.node}",
+            )
+        except CkptdError as e:
+            raise CkptdError(e.code, f"rank {r.rank} on {r.node}: {e.message}") from None
+
+    def release(r: RankRecord, method: str) -> pb.Empty:
+        stub = nodes.live_stub(r.node, record.name)
+        req = pb.ResumeRequest(job=agent_job_name(record.name, r.rank))
+        return call(getattr(stub, method), req, 60, f"agent on {r.node}")
+
+    with ThreadPoolExecutor(max_workers=min(len(ranks), 16)) as pool:
+        futures = [pool.submit(restore, r) for r in ranks]
+        errors = [e for f in futures if (e := f.exception()) is not None]
+        if errors:
+            # no rank may run without the others: the rebuilt ones are dropped
+            for r, f in zip(ranks, futures, strict=True):
+                if f.exception() is None:
+                    with contextlib.suppress(CkptdError):
+                        release(r, "Abort")
+            raise errors[0]
+        # every rank is rebuilt: links up and run, all together
+        list(pool.map(lambda r: release(r, "Resume"), ranks))
+    for r in ranks:
+        registry.update(record, _live_rank_status(nodes, agent_job_name(record.name, r.rank), r), r.node, r)
+    registry.save(record)
+    log.info(
+        "job %s restarted from %s: %s", record.name, checkpoint.name, ", ".join(f"{r.rank}={r.node}" for r in ranks)
+    )
+    return record.status

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -21,7 +23,8 @@ from .barrier import CheckpointRound
 from .catalog import Catalog
 from .jobs import RUNNING, TERMINAL, JobRecord, JobRegistry, check_name, new_job_name, now_rfc3339
 from .nodes import HEARTBEAT_S, NodeRegistry
-from .policy import IntervalScheduler
+from .policy import AutoRestarter, IntervalScheduler
+from .ranks import MAX_RANKS, RankRecord, aggregate, free_slot, rank_spec, spread, vip
 from .restart import restart_job
 
 log = logging.getLogger(__name__)
@@ -33,15 +36,20 @@ class Coordinator:
         self.registry = JobRegistry(home.jobs_dir)
         self.nodes = NodeRegistry()
         self.catalog = Catalog()
+        self.instance = secrets.token_hex(8)  # agents notice a restarted coordinator by it
         self.scheduler = IntervalScheduler(self.registry, self.checkpoint)
+        self.auto_restarter = AutoRestarter(self)
         for record in self.registry.all():
+            # a round that a previous coordinator left half done is never committed
             self.catalog.remove_stale(record.job_dir)
 
     def start(self) -> None:
         self.scheduler.start()
+        self.auto_restarter.start()
 
     def stop(self) -> None:
         self.scheduler.stop()
+        self.auto_restarter.stop()
 
     def _set_operation(self, record: JobRecord) -> Callable[[str], None]:
         def set_op(text: str) -> None:
@@ -51,10 +59,60 @@ class Coordinator:
 
         return set_op
 
-    def checkpoint(self, record: JobRecord, timeout_s: float = 0.0) -> pb.CheckpointInfo:
-        return CheckpointRound(record, self.nodes, self.catalog, timeout_s, self._set_operation(record)).run()
+    def checkpoint(self, record: JobRecord, timeout_s: float = 0.0, then_stop: bool = False) -> pb.CheckpointInfo:
+        info = CheckpointRound(
+            record, self.nodes, self.catalog, timeout_s, self._set_operation(record), then_stop=then_stop
+        ).run()
+        if then_stop:
+            self.registry.save(record)
+        return info
+
+    def restart(self, record: JobRecord, request: pb.RestartRequest) -> pb.RestartResponse:
+        resp = restart_job(record, self.registry, self.nodes, self.catalog, request)
+        resp.status.CopyFrom(self.status(record))
+        return resp
+
+    def _rank_status(self, record: JobRecord, rank: RankRecord) -> pb.JobStatus:
+        try:
+            node = self.nodes.get(rank.node)
+        except CkptdError:
+            node = None
+        with self.registry.lock:
+            last = pb.JobStatus()
+            last.CopyFrom(rank.status)
+        if last.state not in RUNNING:
+            return last
+        if node is None or not node.alive or node.stub is None:
+            return pb.JobStatus(name=last.name, state="lost", message=f"node {rank.node} is not answering")
+        try:
+            return call(node.stub.GetJob, pb.AgentJobRequest(job=last.name), 5, f"agent on {node.name}")
+        except CkptdError as e:
+            if e.code is Code.NOT_FOUND:
+                return pb.JobStatus(name=last.name, state="lost", message=f"node {rank.node} no longer has it")
+            return last
+
+    def _multi_status(self, record: JobRecord) -> pb.JobStatus:
+        ranks = record.ranks
+        with ThreadPoolExecutor(max_workers=min(len(ranks), 8)) as pool:
+            live = list(pool.map(lambda r: self._rank_status(record, r), ranks))
+        view = [RankRecord(r.rank, r.node, r.vip, st) for r, st in zip(ranks, live, strict=True)]
+        st = aggregate(record.name, view)
+        with self.registry.lock:
+            st.operation = record.status.operation
+            if record.status.state in TERMINAL and st.state not in TERMINAL:
+                st.state, st.message = record.status.state, record.status.message
+        return st
 
     def status(self, record: JobRecord) -> pb.JobStatus:
+        if record.ranks:
+            st = self._multi_status(record)
+            st.spec.CopyFrom(record.spec)
+            st.log_path = str(record.job_dir.path / "rank-0" / "output.log")
+            checkpoints = self.catalog.list(record.name, record.job_dir)
+            st.checkpoints = len(checkpoints)
+            if checkpoints:
+                st.last_checkpoint.CopyFrom(checkpoints[-1])
+            return st
         st = pb.JobStatus()
         with self.registry.lock:
             st.CopyFrom(record.status)
@@ -103,9 +161,9 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
 
     @rpc_method
     def RegisterNode(self, request: pb.RegisterNodeRequest, context: grpc.ServicerContext) -> pb.RegisterNodeResponse:
-        self.c.nodes.register(request.node, request.address)
-        log.info("node %s registered at %s", request.node, request.address)
-        return pb.RegisterNodeResponse(heartbeat_s=HEARTBEAT_S)
+        self.c.nodes.register(request.node, request.address, request.ip)
+        log.info("node %s registered at %s (ip %s)", request.node, request.address, request.ip or "-")
+        return pb.RegisterNodeResponse(heartbeat_s=HEARTBEAT_S, instance=self.c.instance)
 
     @rpc_method
     def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.ServicerContext) -> pb.Empty:
@@ -114,13 +172,16 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
 
     @rpc_method
     def ReportJobEvent(self, request: pb.JobEvent, context: grpc.ServicerContext) -> pb.Empty:
-        try:
-            record = self.c.registry.get(request.status.name)
-        except CkptdError:
+        found = self.c.registry.find(request.status.name)
+        if found is None:
             return pb.Empty()  # not ours (or forgotten)
-        if record.node and record.node != request.node and request.status.state not in RUNNING:
-            return pb.Empty()  # stale news from a node the job has left
-        self.c.registry.update(record, request.status, request.node)
+        record, rank = found
+        node = rank.node if rank is not None else record.node
+        if node and node != request.node and request.status.state not in RUNNING:
+            return pb.Empty()  # stale news from a node the job (or rank) has left
+        if rank is not None and node != request.node:
+            return pb.Empty()  # a rank the coordinator has placed elsewhere
+        self.c.registry.update(record, request.status, request.node, rank)
         return pb.Empty()
 
     # ---- jobs ----
@@ -143,6 +204,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                 raise CkptdError(Code.UNAVAILABLE, "no agent is running; start one with `ckptd agent`")
             node = min(live, key=lambda n: sum(1 for r in self.c.registry.all() if r.node == n.name))
         JobDir.of(spec.ckpt_dir, spec.name).path.mkdir(parents=True, exist_ok=True)
+        if spec.nranks or spec.nodes:
+            return self._launch_ranks(spec)
         record = self.c.registry.add(spec, node.name)
         assert node.stub is not None
         try:
@@ -151,7 +214,53 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             self.c.registry.remove(spec.name)
             raise
         self.c.registry.update(record, status, node.name)
-        return pb.LaunchJobResponse(status=self.c.status(record), agent_address=node.address)
+        return pb.LaunchJobResponse(status=self.c.status(record), agent_address=node.address, agent_job=spec.name)
+
+    def _launch_ranks(self, spec: pb.JobSpec) -> pb.LaunchJobResponse:
+        """A multi-node job: its ranks spread over the chosen (or live) nodes."""
+        live = [n.name for n in self.c.nodes.live()]
+        nodes = [n for entry in spec.nodes for n in entry.split(",") if n]
+        for n in nodes:
+            if n not in live:
+                raise CkptdError(Code.UNAVAILABLE, f"node {n} is not answering; `ckptctl nodes` lists the live ones")
+        nodes = nodes or sorted(live)
+        if not nodes:
+            raise CkptdError(Code.UNAVAILABLE, "no agent is running; start one with `ckptd agent`")
+        spec.nranks = spec.nranks or len(nodes)
+        if spec.nranks > MAX_RANKS:
+            raise CkptdError(Code.INVALID_ARGUMENT, f"at most {MAX_RANKS} ranks per job")
+        slot = free_slot(self.c.registry.used_vip_slots())
+        ranks = [RankRecord(r, n, vip(slot, r)) for r, n in enumerate(spread(spec.nranks, nodes))]
+        record = self.c.registry.add(spec, ranks[0].node, ranks, slot)
+        ips = self.c.nodes.ips()
+
+        def start(rank: RankRecord) -> pb.JobStatus:
+            stub = self.c.nodes.live_stub(rank.node, spec.name)
+            return call(
+                stub.StartJob,
+                pb.StartJobRequest(spec=rank_spec(spec, ranks, rank, ips)),
+                60,
+                f"agent on {rank.node}",
+            )
+
+        with ThreadPoolExecutor(max_workers=min(len(ranks), 8)) as pool:
+            futures = [pool.submit(start, r) for r in ranks]
+            errors = [e for f in futures if (e := f.exception()) is not None]
+        if errors:
+            for r, f in zip(ranks, futures, strict=True):
+                if f.exception() is None:
+                    with contextlib.suppress(CkptdError):
+                        stub = self.c.nodes.live_stub(r.node, spec.name)
+                        call(stub.SignalJob, pb.SignalRequest(job=f"{spec.name}@{r.rank}", signal=9), 30, "agent")
+            self.c.registry.remove(spec.name)
+            raise errors[0]
+        for r, f in zip(ranks, futures, strict=True):
+            self.c.registry.update(record, f.result(), r.node, r)
+        node0 = self.c.nodes.get(ranks[0].node)
+        log.info("job %s: %d ranks on %s", spec.name, len(ranks), ", ".join(r.node for r in ranks))
+        return pb.LaunchJobResponse(
+            status=self.c.status(record), agent_address=node0.address, agent_job=f"{spec.name}@0"
+        )
 
     @rpc_method
     def ListJobs(self, request: pb.ListJobsRequest, context: grpc.ServicerContext) -> pb.ListJobsResponse:
@@ -170,37 +279,37 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
 
     @rpc_method
     def Checkpoint(self, request: pb.CheckpointRequest, context: grpc.ServicerContext) -> pb.CheckpointInfo:
-        return self.c.checkpoint(self.c.registry.get(request.job), request.timeout_s)
+        return self.c.checkpoint(self.c.registry.get(request.job), request.timeout_s, request.then_stop)
 
     @rpc_method
     def Restart(self, request: pb.RestartRequest, context: grpc.ServicerContext) -> pb.RestartResponse:
-        record = self.c.registry.get(request.job)
-        resp = restart_job(record, self.c.registry, self.c.nodes, self.c.catalog, request)
-        resp.status.CopyFrom(self.c.status(record))
-        return resp
-
-    def _agent_for(self, record: JobRecord) -> pb_grpc.AgentStub:
-        node = self.c.nodes.get(record.node)
-        if not node.alive or node.stub is None:
-            raise CkptdError(Code.UNAVAILABLE, f"node {node.name} of job {record.name} is not answering")
-        return node.stub
+        return self.c.restart(self.c.registry.get(request.job), request)
 
     @rpc_method
     def KillJob(self, request: pb.KillJobRequest, context: grpc.ServicerContext) -> pb.JobStatus:
         record = self.c.registry.get(request.job)
         status = self.c.status(record)
-        if status.state not in RUNNING:
+        if status.state not in RUNNING and status.state not in ("lost", "failed"):
             raise CkptdError(Code.FAILED_PRECONDITION, f"job {record.name} is not running ({status.state})")
-        agent = self._agent_for(record)
-        st = call(agent.SignalJob, pb.SignalRequest(job=record.name, signal=9), 30, "agent")
-        self.c.registry.update(record, st, record.node)
+        errors = []
+        for t in record.targets():
+            try:
+                stub = self.c.nodes.live_stub(t.node, record.name)
+                st = call(stub.SignalJob, pb.SignalRequest(job=t.name, signal=9), 30, f"agent on {t.node}")
+                self.c.registry.update(record, st, t.node, t.rank)
+            except CkptdError as e:
+                if e.code is not Code.NOT_FOUND:
+                    errors.append(e)
+        if errors and not record.ranks:
+            raise errors[0]
         return self.c.status(record)
 
     @rpc_method
     def SignalJob(self, request: pb.SignalRequest, context: grpc.ServicerContext) -> pb.JobStatus:
         record = self.c.registry.get(request.job)
-        agent = self._agent_for(record)
-        call(agent.SignalJob, request, 30, "agent")
+        for t in record.targets():
+            stub = self.c.nodes.live_stub(t.node, record.name)
+            call(stub.SignalJob, pb.SignalRequest(job=t.name, signal=request.signal), 30, f"agent on {t.node}")
         return self.c.status(record)
 
     @rpc_method

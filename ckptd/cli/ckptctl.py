@@ -46,7 +46,7 @@ def _coordinator(start: bool = True) -> pb_grpc.CoordinatorStub:
 
 def _status_line(st: pb.JobStatus) -> str:
     state = st.state
-    if st.has_exit and state in ("exited", "failed", "killed"):
+    if st.has_exit and state in ("exited", "failed", "killed") and (st.exit_code or st.exit_signal or not st.ranks):
         state += f" ({'signal ' + str(st.exit_signal) if st.exit_signal else 'status ' + str(st.exit_code)})"
     return state
 
@@ -102,6 +102,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         lines.append(f"checkpoint: {c.name} ({human_bytes(c.size_bytes)}, {c.created}); {st.checkpoints} in all")
     else:
         lines.append("checkpoint: none")
+    if st.ranks:
+        lines.append(f"ranks:      {len(st.ranks)}")
+        for r in st.ranks:
+            msg = f"  - {r.message}" if r.message and r.state != "running" else ""
+            lines.append(f"  rank {r.rank:<3} {r.node:<12} {r.vip:<15} {r.state}{msg}")
     if st.processes:
         lines.append("processes:")
         for p in st.processes:
@@ -145,7 +150,7 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
     info = with_progress(
         lambda: call(
             coord.Checkpoint,
-            pb.CheckpointRequest(job=args.job, timeout_s=args.timeout or 0.0),
+            pb.CheckpointRequest(job=args.job, timeout_s=args.timeout or 0.0, then_stop=args.then_stop),
             LONG_RPC_S,
             "coordinator",
         ),
@@ -157,7 +162,7 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
     else:
         say(
             f"{info.name} (id {info.id}) of job {info.job}: {human_bytes(info.size_bytes)} in {info.duration_s:.2f} s, "
-            f"job paused {info.stall_s:.2f} s"
+            + ("then the job stopped" if args.then_stop else f"job paused {info.stall_s:.2f} s")
         )
     return 0
 
@@ -165,7 +170,7 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
 def cmd_restart(args: argparse.Namespace) -> int:
     coord = _coordinator()
     req = pb.RestartRequest(
-        job=args.job, from_id=args.from_id or 0, node=args.on or "", force=args.force,
+        job=args.job, from_id=args.from_id or 0, placement=args.on or [], force=args.force,
         allow_changed_files=args.allow_changed_files,
     )  # fmt: skip
     resp = with_progress(
@@ -179,8 +184,9 @@ def cmd_restart(args: argparse.Namespace) -> int:
         print_json(d)
     else:
         pids = " ".join(str(p) for p in resp.status.pids)
+        where = ", ".join(f"rank {r.rank} on {r.node}" for r in resp.status.ranks) or resp.status.node
         say(
-            f"job {resp.status.name} restarted from {resp.checkpoint.name} on {resp.status.node} "
+            f"job {resp.status.name} restarted from {resp.checkpoint.name} on {where} "
             f"in {resp.duration_s:.2f} s (pids {pids}); output goes to {resp.status.log_path}"
         )
     return 0
@@ -206,7 +212,7 @@ def cmd_wait(args: argparse.Namespace) -> int:
             job=args.job, timeout_s=min(left, 60.0), known_state=seen.state, known_generation=seen.generation
         )
         st = seen = call(coord.WaitJob, req, min(left, 60.0) + 30, "coordinator")
-        if st.state in ("exited", "killed"):
+        if st.state in ("exited", "killed", "stopped"):
             if args.json:
                 print_json(st)
             return _job_exit(st)
@@ -221,15 +227,22 @@ def cmd_wait(args: argparse.Namespace) -> int:
 def cmd_logs(args: argparse.Namespace) -> int:
     coord = _coordinator()
     st = call(coord.GetJob, pb.GetJobRequest(job=args.job), 30, "coordinator")
+    log_path, node, name = Path(st.log_path), st.node, st.name
+    if st.ranks:
+        if not any(r.rank == args.rank for r in st.ranks):
+            raise CkptdError(Code.NOT_FOUND, f"job {st.name} has ranks 0 to {len(st.ranks) - 1}, not {args.rank}")
+        log_path = log_path.parent.parent / f"rank-{args.rank}" / "output.log"
+        node = next(r.node for r in st.ranks if r.rank == args.rank)
+        name = f"{st.name}@{args.rank}"
     if not args.follow or st.state not in ("starting", "running", "checkpointing", "restoring"):
-        return _print_log_file(Path(st.log_path), args.stream)
+        return _print_log_file(log_path, args.stream)
     nodes = call(coord.ListNodes, pb.Empty(), 10, "coordinator")
-    address = next((n.address for n in nodes.nodes if n.node == st.node), "")
+    address = next((n.address for n in nodes.nodes if n.node == node), "")
     if not address:
-        raise CkptdError(Code.UNAVAILABLE, f"node {st.node} is not reachable to follow the log")
+        raise CkptdError(Code.UNAVAILABLE, f"node {node} is not reachable to follow the log")
     agent = agent_stub(address)
     try:
-        for chunk in agent.FollowOutput(pb.FollowOutputRequest(job=st.name, follow=True, across_restarts=True)):
+        for chunk in agent.FollowOutput(pb.FollowOutputRequest(job=name, follow=True, across_restarts=True)):
             if chunk.end:
                 break
             _emit(chunk.stream, chunk.data, args.stream)
@@ -271,10 +284,11 @@ def cmd_nodes(args: argparse.Namespace) -> int:
             f"{human_bytes(n.mem_available)} / {human_bytes(n.mem_total)}",
             n.gpu or "?",
             n.address,
+            n.ip or "-",
         ]
         for n in resp.nodes
     ]
-    say(table(rows, ["NODE", "HEALTH", "LOAD", "MEM FREE", "GPU", "ADDRESS"]))
+    say(table(rows, ["NODE", "HEALTH", "LOAD", "MEM FREE", "GPU", "ADDRESS", "IP"]))
     return 0
 
 
@@ -362,9 +376,20 @@ def parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="how long to wait for the job's threads to park (default 10)",
     )
+    c.add_argument(
+        "--then-stop",
+        action="store_true",
+        help="preemption: stop the job once the checkpoint is committed (it stays paused until then)",
+    )
     r = add("restart", cmd_restart, "restart a job from its latest (or a chosen) checkpoint")
     r.add_argument("--from", dest="from_id", type=int, metavar="ID", help="checkpoint id (see `ckptctl list`)")
-    r.add_argument("--on", metavar="NODE", help="node to restart on (default: the job's node)")
+    r.add_argument(
+        "--on",
+        metavar="NODE|RANK=NODE",
+        action="append",
+        help="where to restart: a node (repeat, or comma-separate, to spread the ranks over several), or "
+        "RANK=NODE for one rank; ranks not named stay on their node while it lives (default: the job's nodes)",
+    )
     r.add_argument("--force", action="store_true", help="kill the job first if it is still running")
     r.add_argument(
         "--allow-changed-files", action="store_true",
@@ -376,6 +401,7 @@ def parser() -> argparse.ArgumentParser:
     lg = add("logs", cmd_logs, "print the job's output", json_flag=False)
     lg.add_argument("-f", "--follow", action="store_true", help="keep printing new output")
     lg.add_argument("--stream", choices=("both", "stdout", "stderr"), default="both", help="which output to print")
+    lg.add_argument("--rank", type=int, default=0, help="which rank of a multi-node job (default 0)")
     add("nodes", cmd_nodes, "list nodes and their health", job=False)
     i = add("inspect", cmd_inspect, "describe a checkpoint directory", job=False)
     i.add_argument("checkpoint", metavar="DIR", help="a checkpoint directory (see `ckptctl list JOB`)")

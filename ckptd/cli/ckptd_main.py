@@ -1,14 +1,16 @@
 """`ckptd`: launch jobs under checkpoint control, and run the daemons.
 
 ckptd launch [--job NAME] [--ckpt-dir DIR] [--interval SECONDS] -- CMD [ARGS...]
+ckptd launch --ranks N [--nodes A,B,...] [--auto-restart] -- CMD {rank} ...
 ckptd coordinator [--listen ADDR]
-ckptd agent --coordinator ADDR --node NAME [--listen ADDR]
+ckptd agent --coordinator ADDR --node NAME [--listen ADDR] [--ip ADDRESS]
 ckptd daemon                     (the embedded coordinator + agent; started on demand)
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -29,6 +31,7 @@ from ckptd.errors import EXIT_USAGE, CkptdError
 from ckptd.paths import Home, default_node
 from ckptd.rpc import agent_stub, call, coordinator_stub
 from ckptd.v1 import ckptd_pb2 as pb
+from ckptd.v1 import ckptd_pb2_grpc as pb_grpc
 
 from .common import note, run_main, setup_cli_logging
 
@@ -36,6 +39,8 @@ FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signa
 
 
 def exit_status(status: pb.JobStatus) -> int:
+    if status.state == "stopped":  # preempted after a final checkpoint
+        return 128 + signal.SIGTERM
     if not status.has_exit:
         return 1
     if status.exit_signal:
@@ -53,6 +58,9 @@ def cmd_launch(args: argparse.Namespace) -> int:
     if args.interval is not None and args.interval <= 0:
         note("error: --interval must be a positive number of seconds")
         return EXIT_USAGE
+    if args.ranks is not None and args.ranks < 1:
+        note("error: --ranks must be at least 1")
+        return EXIT_USAGE
     home = Home.from_env()
     address = coordinator_address(home)
     spec = pb.JobSpec(
@@ -63,8 +71,12 @@ def cmd_launch(args: argparse.Namespace) -> int:
         ckpt_dir=os.path.abspath(args.ckpt_dir) if args.ckpt_dir else "",
         interval_s=args.interval or 0.0,
         uid=os.getuid(),
+        nranks=args.ranks or 0,
+        nodes=[n for n in (args.nodes or "").split(",") if n],
+        auto_restart=args.auto_restart,
     )
-    node = args.node or (default_node() if os.environ.get("CKPTD_COORDINATOR") else "")
+    multi = bool(spec.nranks or spec.nodes)
+    node = "" if multi else args.node or (default_node() if os.environ.get("CKPTD_COORDINATOR") else "")
     coord = coordinator_stub(address)
     resp = call(coord.LaunchJob, pb.LaunchJobRequest(spec=spec, node=node), 90, "coordinator")
     job = resp.status.name
@@ -73,6 +85,18 @@ def cmd_launch(args: argparse.Namespace) -> int:
         sys.stdout.write(job + "\n")
         return 0
 
+    def preempt() -> None:
+        """SIGTERM (a spot reclaim, a maintenance drain): a final checkpoint,
+        then the job stops; `ckptctl restart` resumes it later."""
+        note(f"ckptd: SIGTERM: taking a final checkpoint of job {job}, then stopping it")
+        try:
+            info = call(coord.Checkpoint, pb.CheckpointRequest(job=job, then_stop=True), 6 * 3600, "coordinator")
+            note(f"ckptd: job {job} stopped after {info.name}; `ckptctl restart {job}` resumes it")
+        except CkptdError as e:
+            note(f"ckptd: final checkpoint failed ({e.message}); passing SIGTERM to the job")
+            with contextlib.suppress(CkptdError):
+                call(coord.SignalJob, pb.SignalRequest(job=job, signal=signal.SIGTERM), 10, "coordinator")
+
     def forward(signum: int, _frame: object) -> None:
         def send() -> None:
             try:
@@ -80,6 +104,9 @@ def cmd_launch(args: argparse.Namespace) -> int:
             except CkptdError as e:
                 note(f"ckptd: could not forward signal {signum}: {e.message}")
 
+        if signum == signal.SIGTERM and args.sigterm == "checkpoint":
+            threading.Thread(target=preempt, daemon=True).start()
+            return
         threading.Thread(target=send, daemon=True).start()
 
     for sig in FORWARDED:
@@ -87,9 +114,12 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
     agent = agent_stub(resp.agent_address)
     out, err = sys.stdout.buffer, sys.stderr.buffer
+    followed = resp.agent_job or job
     try:
-        for chunk in agent.FollowOutput(pb.FollowOutputRequest(job=job, offset=0, follow=True)):
+        for chunk in agent.FollowOutput(pb.FollowOutputRequest(job=followed, offset=0, follow=True)):
             if chunk.end:
+                if multi:  # rank 0's output ended: the job ends with its last rank
+                    return exit_status(_wait_ranks(coord, job, chunk.status))
                 return exit_status(chunk.status)
             stream = err if chunk.stream == 2 else out
             stream.write(chunk.data)
@@ -97,6 +127,17 @@ def cmd_launch(args: argparse.Namespace) -> int:
     except grpc.RpcError as e:
         raise CkptdError.from_rpc(e, "the agent") from None
     return 1
+
+
+def _wait_ranks(coord: pb_grpc.CoordinatorStub, job: str, rank0: pb.JobStatus) -> pb.JobStatus:
+    if rank0.state not in ("exited",):
+        return rank0  # killed, failed or stopped: this launch is over
+    seen = pb.JobStatus()
+    while True:
+        req = pb.WaitJobRequest(job=job, timeout_s=60, known_state=seen.state, known_generation=seen.generation)
+        st = seen = call(coord.WaitJob, req, 90, "coordinator")
+        if st.state in ("exited", "killed", "stopped", "failed", "lost"):
+            return st
 
 
 def cmd_coordinator(args: argparse.Namespace) -> int:
@@ -110,7 +151,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     home = Home.from_env()
     node = args.node or default_node()
     setup_logging(home, f"agent-{node}", args.verbose)
-    run_agent(home, node, args.coordinator, args.listen or f"unix:{home.agent_socket(node)}")
+    run_agent(home, node, args.coordinator, args.listen or f"unix:{home.agent_socket(node)}", ip=args.ip or "")
     return 0
 
 
@@ -142,6 +183,24 @@ def parser() -> argparse.ArgumentParser:
     launch.add_argument("--ckpt-dir", help="where checkpoints go (default $CKPTD_HOME/checkpoints)")
     launch.add_argument("--interval", type=float, metavar="SECONDS", help="take a checkpoint this often")
     launch.add_argument("--node", help="run on this node (default: this machine's agent)")
+    launch.add_argument(
+        "--ranks", type=int, metavar="N",
+        help="a multi-node job of N ranks (process trees), each with its own virtual IP; "
+        "{rank} in the command becomes the rank, and $CKPTD_RANK, $CKPTD_NRANKS, $CKPTD_MASTER_ADDR, "
+        "$CKPTD_RANK_ADDRS are set",
+    )  # fmt: skip
+    launch.add_argument(
+        "--nodes", metavar="A,B,...",
+        help="spread the ranks over these nodes (default: every live node); implies --ranks = number of nodes",
+    )  # fmt: skip
+    launch.add_argument(
+        "--auto-restart", action="store_true",
+        help="when a rank dies or its node stops answering, restart the job from its last checkpoint on live nodes",
+    )  # fmt: skip
+    launch.add_argument(
+        "--sigterm", choices=("checkpoint", "forward"), default="checkpoint",
+        help="on SIGTERM: take a final checkpoint and stop the job (default), or pass SIGTERM to it",
+    )  # fmt: skip
     launch.add_argument("--detach", action="store_true", help="print the job name and return at once")
     launch.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]")
     launch.set_defaults(func=cmd_launch)
@@ -157,6 +216,11 @@ def parser() -> argparse.ArgumentParser:
     agent.add_argument("--coordinator", required=True, help="the coordinator's address (HOST:PORT or unix:PATH)")
     agent.add_argument("--node", help="this node's name (default: $CKPTD_NODE or the hostname)")
     agent.add_argument("--listen", help="address to serve on (default: unix socket)")
+    agent.add_argument(
+        "--ip",
+        help="this node's address for traffic between the ranks of multi-node jobs "
+        "(their virtual IPs are routed through it)",
+    )
     agent.set_defaults(func=cmd_agent)
 
     daemon = sub.add_parser("daemon", help="coordinator and local agent in one process (started on demand)")

@@ -16,7 +16,7 @@ time, with the reason, and the job keeps running.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ from typing import Any
 from ckptd.errors import CkptdError, Code
 
 from .core import CoreImage, constant
-from .sockaddr import Endpoint, endpoint, show_endpoint
+from .sockaddr import Endpoint, endpoint, ip_sockaddr, show_endpoint
 
 SOCK_STREAM, SOCK_DGRAM, SOCK_SEQPACKET = 1, 2, 5
 SHUT_RD, SHUT_WR, SHUT_RDWR = 0, 1, 2
@@ -127,6 +127,19 @@ def _is_wildcard(addr: bytes) -> bool:
 
 
 @dataclass
+class _Repair:
+    snd_seq: int
+    rcv_seq: int
+    mss: int
+    snd_wscale: int
+    rcv_wscale: int
+    tcpi_options: int
+    timestamp: int
+    window: tuple[int, int, int, int, int]  # snd_wl1 snd_wnd max_window rcv_wnd rcv_wup
+    sendq: _Data | None  # the whole send queue: sent and not acknowledged, then unsent
+
+
+@dataclass
 class _Tcp:
     ino: int
     family: int
@@ -140,6 +153,8 @@ class _Tcp:
     data: _Data | None  # the receive queue
     unsent: _Data | None  # written, not yet sent
     holders: list[tuple[ProcessImage, int]] = field(default_factory=list)
+    # the repair-mode state (None without CAP_NET_ADMIN): rebuilds this end alone
+    repair: _Repair | None = None
 
     @property
     def local_ep(self) -> Endpoint:
@@ -203,6 +218,7 @@ class _Planner:
         self.pipes: dict[int, _Pipe] = {}
         self.sockets: dict[int, _Socket] = {}
         self.tcp: dict[int, _Tcp] = {}
+        self.other_ranks: set[bytes] = set()
         self.shm: dict[tuple[int, int], _Shm] = {}
         self.next_slot = 0
         self.slots: dict[tuple[str, int], int] = {}
@@ -285,6 +301,18 @@ class _Planner:
                 data=_data_of(p, fd),
                 unsent=unsent,
             )
+            if fd.repair:
+                t.repair = _Repair(
+                    snd_seq=int(fd.snd_seq),
+                    rcv_seq=int(fd.rcv_seq),
+                    mss=int(fd.mss),
+                    snd_wscale=int(fd.snd_wscale),
+                    rcv_wscale=int(fd.rcv_wscale),
+                    tcpi_options=int(fd.tcpi_options),
+                    timestamp=int(fd.timestamp),
+                    window=(int(fd.snd_wl1), int(fd.snd_wnd), int(fd.max_window), int(fd.rcv_wnd), int(fd.rcv_wup)),
+                    sendq=_in_blob(p, int(fd.sendq_off), int(fd.sendq_len)) if fd.sendq_len else None,
+                )
             self.tcp[ino] = t
         t.holders.append((p, int(fd.fd)))
 
@@ -404,7 +432,16 @@ class _Planner:
             if t.state != connected or t.ino in done:
                 continue
             peer = ends.get((t.peer_ep, t.local_ep))
+            if peer is None and t.peer_ep[0] in self.other_ranks:
+                self._plan_tcp_repair(t, st)
+                continue
             if peer is None:
+                if self.other_ranks:
+                    raise PlanError(
+                        f"{t.label()}: TCP connection {show_endpoint(t.local_ep)} -> {show_endpoint(t.peer_ep)} "
+                        "leads outside the job (not to one of its ranks); only connections between the job's "
+                        "own processes and ranks can be restored"
+                    )
                 raise PlanError(
                     f"{t.label()}: TCP connection {show_endpoint(t.local_ep)} -> {show_endpoint(t.peer_ep)} "
                     "leads outside the job; only connections between the job's own processes can be restored"
@@ -432,6 +469,32 @@ class _Planner:
                     st.data.append(f"sockbuf {rs} 0 {max(receiver.rcvbuf, size)}")
                 # what the receiver had not read yet, then what the sender had not sent
                 st.data.extend(f"write {ss} {q.args()}" for q in queued)
+
+    def _plan_tcp_repair(self, t: _Tcp, st: _Steps) -> None:
+        """One end of a connection to another rank: rebuilt alone, in repair
+        mode, from its own saved sequence numbers and queues (its peer's rank
+        does the same for the other end)."""
+        r = t.repair
+        if r is None:
+            raise PlanError(
+                f"{t.label()}: TCP connection {show_endpoint(t.local_ep)} -> {show_endpoint(t.peer_ep)} "
+                "to another rank was saved without its repair-mode state (ckptd needs CAP_NET_ADMIN for "
+                "connections between ranks; run the agents as root)"
+            )
+        slot = self.slot("tcp", t.ino)
+        st.connect.append(
+            f"tcprepair {slot} {_hex(t.local)} {_hex(t.peer)} {r.snd_seq} {r.rcv_seq} {r.mss} "
+            f"{r.snd_wscale} {r.rcv_wscale} {r.tcpi_options} {r.timestamp}"
+        )
+        rcv = t.data.length if t.data else 0
+        snd = r.sendq.length if r.sendq else 0
+        if rcv or snd:
+            st.data.append(f"sockbuf {slot} {max(t.sndbuf, 2 * snd + 65536)} {max(t.rcvbuf, 2 * rcv + 65536)}")
+        if t.data and t.data.length:
+            st.data.append(f"repairq {slot} 1 {t.data.args()}")
+        if r.sendq:
+            st.data.append(f"repairq {slot} 2 {r.sendq.args()}")
+        st.data.append(f"repairoff {slot} {' '.join(str(w) for w in r.window)}")
 
     def _refuse_socket(self, s: _Socket, why: str) -> None:
         # a socket inherited from outside on stdin/stdout/stderr is replaced by the log
@@ -499,9 +562,17 @@ class _Planner:
         return None
 
 
-def build_plan(procs: list[ProcessImage], zombies: list[Zombie], log_pipes: dict[int, int]) -> str:
-    """The plan's text; PlanError says why a tree cannot be rebuilt."""
+def build_plan(
+    procs: list[ProcessImage],
+    zombies: list[Zombie],
+    log_pipes: dict[int, int],
+    other_ranks: Iterable[str] = (),
+) -> str:
+    """The plan's text; PlanError says why a tree cannot be rebuilt.
+    other_ranks: the addresses of the job's other ranks (their connections
+    are rebuilt one end at a time)."""
     planner = _Planner(procs, zombies, log_pipes)
+    planner.other_ranks = {endpoint(ip_sockaddr(a))[0] for a in other_ranks}
     planner.gather()
     planner.check_tree()
     return "\n".join(planner.lines()) + "\n"
@@ -518,4 +589,4 @@ def plan_for_checkpoint(checkpoint: Path, manifest: dict[str, Any]) -> str:
     zombies = [Zombie.from_dict(z) for z in manifest.get("zombies", [])]
     log_pipes = {int(ino): fd for fd, ino in ((1, manifest.get("stdout_ino", 0)), (2, manifest.get("stderr_ino", 0)))}
     log_pipes.pop(0, None)
-    return build_plan(load_processes(checkpoint, manifest), zombies, log_pipes)
+    return build_plan(load_processes(checkpoint, manifest), zombies, log_pipes, manifest.get("other_ranks", []))

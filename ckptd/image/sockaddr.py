@@ -22,3 +22,13 @@ def show_endpoint(ep: Endpoint) -> str:
     if addr[:12] == b"\0" * 10 + b"\xff\xff":
         return f"{'.'.join(str(b) for b in addr[12:])}:{port}"
     return f"[{':'.join(addr[i : i + 2].hex() for i in range(0, 16, 2))}]:{port}"
+
+
+def ip_sockaddr(address: str, port: int = 0) -> bytes:
+    """A textual IPv4 or IPv6 address as raw sockaddr bytes (for endpoint())."""
+    import ipaddress
+
+    ip = ipaddress.ip_address(address)
+    if ip.version == 4:
+        return AF_INET.to_bytes(2, "little") + port.to_bytes(2, "big") + ip.packed + b"\0" * 8
+    return AF_INET6.to_bytes(2, "little") + port.to_bytes(2, "big") + b"\0" * 4 + ip.packed + b"\0" * 4

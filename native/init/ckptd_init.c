@@ -2,7 +2,8 @@
  * ckptd-init: the root of one incarnation of a job.
  *
  *   ckptd-init --log FILE --index FILE --control SOCKET --exit-file FILE
- *              [--userns] [--restore] -- PROGRAM [ARGS...]
+ *              [--userns] [--restore] [--netns PATH] [--hostname NAME]
+ *              -- PROGRAM [ARGS...]
  *
  * Three processes, so that the job's pids are its own and its output
  * outlives the agent:
@@ -25,6 +26,11 @@
  *
  * --userns (non-root): a user namespace mapping only the caller's own uid
  * and gid, which is what makes the pid namespace possible without root.
+ *
+ * --netns PATH, --hostname NAME (a rank of a multi-node job): the whole
+ * incarnation joins the rank's network namespace, which the agent made with
+ * the rank's own address, and gets its own UTS namespace with the rank's
+ * stable host name, so both survive a restart on another node.
  *
  * Statically linked, so the shim in LD_PRELOAD never loads into it.
  */
@@ -52,7 +58,7 @@
 #endif
 
 struct options {
-    const char *log, *index, *control, *exit_file;
+    const char *log, *index, *control, *exit_file, *netns, *hostname;
     int userns, restore;
     char **argv;
 };
@@ -72,7 +78,7 @@ static void die(const char *what)
 static void usage(void)
 {
     fprintf(stderr, "usage: ckptd-init --log FILE --index FILE --control SOCKET --exit-file FILE "
-                    "[--userns] [--restore] -- PROGRAM [ARGS...]\n");
+                    "[--userns] [--restore] [--netns PATH] [--hostname NAME] -- PROGRAM [ARGS...]\n");
     exit(125);
 }
 
@@ -96,6 +102,10 @@ static void parse(int argc, char **argv, struct options *o)
             o->control = argv[++i];
         } else if (i + 1 < argc && !strcmp(a, "--exit-file")) {
             o->exit_file = argv[++i];
+        } else if (i + 1 < argc && !strcmp(a, "--netns")) {
+            o->netns = argv[++i];
+        } else if (i + 1 < argc && !strcmp(a, "--hostname")) {
+            o->hostname = argv[++i];
         } else {
             usage();
         }
@@ -130,10 +140,32 @@ static void write_proc_file(const char *path, const char *text)
         die(path);
 }
 
+/* the rank's network namespace and host name (before the user namespace:
+ * joining a network namespace needs the host's CAP_SYS_ADMIN) */
+static void enter_rank_namespaces(const struct options *o)
+{
+    if (o->netns) {
+        int fd = open(o->netns, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+            die(o->netns);
+        if (setns(fd, CLONE_NEWNET) < 0)
+            die("setns (the rank's network namespace)");
+        if (close(fd) < 0)
+            die("close");
+    }
+    if (o->hostname) {
+        if (unshare(CLONE_NEWUTS) < 0)
+            die("unshare (UTS namespace)");
+        if (sethostname(o->hostname, strlen(o->hostname)) < 0)
+            die("sethostname");
+    }
+}
+
 static void enter_namespaces(const struct options *o)
 {
     uid_t uid = getuid();
     gid_t gid = getgid();
+    enter_rank_namespaces(o);
     int flags = CLONE_NEWPID | CLONE_NEWNS;
     if (o->userns)
         flags |= CLONE_NEWUSER;

@@ -31,6 +31,8 @@
  *   shm SLOT DEV INO SIZE NAME     shmfill SLOT FILE
  *   tcp SLOT INO FAMILY OPTS       tcpbind SLOT SOCKADDR   tcpopts SLOT OPTS
  *   tcppair C S LISTENER|-1 FAMILY S_ADDR C_ADDR C_PEER
+ *   tcprepair SLOT LOCAL PEER SND_SEQ RCV_SEQ MSS SND_WS RCV_WS TCPI_OPTS TS
+ *   repairq SLOT 1|2 FILE OFF LEN   repairoff SLOT WL1 WND MAXWND RCVWND RCVWUP
  *                                  C binds C_ADDR, connects to C_PEER; the
  *                                  accepted end is S
  *   sockbuf SLOT SNDBUF RCVBUF     widen buffers before a large queue goes back
@@ -59,8 +61,10 @@ struct rst_clone_args {
 
 /* ---- reading the plan ---- */
 
+#define MAX_TOKENS 16
+
 struct line {
-    char *tok[8];
+    char *tok[MAX_TOKENS];
     int ntok;
 };
 
@@ -75,7 +79,7 @@ static char *next_line(char **cursor, char *end, struct line *l)
     *eol = 0;
     *cursor = eol + 1;
     l->ntok = 0;
-    for (char *q = p; *q && l->ntok < 8;) {
+    for (char *q = p; *q && l->ntok < MAX_TOKENS;) {
         while (*q == ' ')
             *q++ = 0;
         if (!*q)
@@ -471,6 +475,108 @@ static void op_tcppair(const struct line *l)
         ck_close((int)listener);
 }
 
+/*
+ * One end of a connection to another rank, rebuilt alone in repair mode:
+ *   tcprepair SLOT LOCAL PEER SND_SEQ RCV_SEQ MSS SND_WS RCV_WS TCPI_OPTS TS
+ * binds the old local address and "connects" without a handshake; then
+ *   repairq SLOT 1|2 FILE OFF LEN   the receive (1) or send (2) queue's bytes
+ *   repairoff SLOT WL1 WND MAXWND RCVWND RCVWUP   the window, then repair off.
+ * Its peer is rebuilt the same way by its own rank; the agents keep the
+ * ranks' links down until every rank is rebuilt, so neither end can meet
+ * the other's absence (a reset).  Needs CAP_NET_ADMIN.
+ */
+static void set_repair(int fd, int name, const void *v, unsigned len, const char *what)
+{
+    long rc = ck_setsockopt(fd, SOL_TCP, name, v, len);
+    if (rc < 0)
+        rst_fail("cannot rebuild a TCP connection to another rank", what, rc);
+}
+
+static void op_tcprepair(const struct line *l)
+{
+    int fd = slot_fd(l, 1);
+    int on = 1;
+    set_repair(fd, TCP_REPAIR, &on, sizeof(on), "TCP_REPAIR (needs CAP_NET_ADMIN)");
+    int q = TCP_SEND_QUEUE;
+    uint32_t seq = (uint32_t)num(l, 4);
+    set_repair(fd, TCP_REPAIR_QUEUE, &q, sizeof(q), "TCP_REPAIR_QUEUE");
+    set_repair(fd, TCP_QUEUE_SEQ, &seq, sizeof(seq), "TCP_QUEUE_SEQ");
+    q = TCP_RECV_QUEUE;
+    seq = (uint32_t)num(l, 5);
+    set_repair(fd, TCP_REPAIR_QUEUE, &q, sizeof(q), "TCP_REPAIR_QUEUE");
+    set_repair(fd, TCP_QUEUE_SEQ, &seq, sizeof(seq), "TCP_QUEUE_SEQ");
+
+    char local[128], peer[128];
+    size_t nlocal = unhex(l, 2, local, sizeof(local)), npeer = unhex(l, 3, peer, sizeof(peer));
+    long rc = ck_bind(fd, local, (unsigned)nlocal);
+    if (rc < 0)
+        rst_fail("cannot bind a TCP connection to its old address (is this rank's address on this node?)", 0, rc);
+    rc = connect_retry(fd, peer, npeer);
+    if (rc < 0)
+        rst_fail("cannot rebuild a TCP connection to another rank (connect in repair mode)", 0, rc);
+
+    uint32_t tcpi = (uint32_t)num(l, 9);
+    struct tcp_repair_opt opts[4];
+    unsigned n = 0;
+    opts[n].opt_code = TCPOPT_MAXSEG;
+    opts[n++].opt_val = (uint32_t)num(l, 6);
+    if (tcpi & TCPI_OPT_WSCALE) {
+        opts[n].opt_code = TCPOPT_WINDOW;
+        opts[n++].opt_val = (uint32_t)num(l, 7) | ((uint32_t)num(l, 8) << 16);
+    }
+    if (tcpi & TCPI_OPT_SACK) {
+        opts[n].opt_code = TCPOPT_SACK_PERMITTED;
+        opts[n++].opt_val = 0;
+    }
+    if (tcpi & TCPI_OPT_TIMESTAMPS) {
+        opts[n].opt_code = TCPOPT_TIMESTAMP;
+        opts[n++].opt_val = 0;
+        uint32_t ts = (uint32_t)num(l, 10);
+        set_repair(fd, TCP_TIMESTAMP, &ts, sizeof(ts), "TCP_TIMESTAMP");
+    }
+    set_repair(fd, TCP_REPAIR_OPTIONS, opts, n * (unsigned)sizeof(opts[0]), "TCP_REPAIR_OPTIONS");
+}
+
+static void op_repairq(const struct line *l)
+{
+    int fd = slot_fd(l, 1);
+    int q = num(l, 2) == 1 ? TCP_RECV_QUEUE : TCP_SEND_QUEUE;
+    set_repair(fd, TCP_REPAIR_QUEUE, &q, sizeof(q), "TCP_REPAIR_QUEUE");
+    long in = open_data(l, 3);
+    uint64_t off = num(l, 4), left = num(l, 5);
+    while (left) {
+        uint64_t n = left > BOUNCE ? BOUNCE : left;
+        rst_pread_all((int)in, bounce, n, off, "saved queue data is truncated");
+        for (uint64_t done = 0; done < n;) {
+            long w = ck_sendto(fd, bounce + done, n - done, MSG_DONTWAIT, 0, 0);
+            if (w == -EINTR)
+                continue;
+            if (w <= 0)
+                rst_fail("cannot put a TCP queue back in repair mode", 0, w);
+            done += (uint64_t)w;
+        }
+        off += n;
+        left -= n;
+    }
+    ck_close((int)in);
+}
+
+static void op_repairoff(const struct line *l)
+{
+    int fd = slot_fd(l, 1);
+    struct tcp_repair_window w = {
+        .snd_wl1 = (uint32_t)num(l, 2),
+        .snd_wnd = (uint32_t)num(l, 3),
+        .max_window = (uint32_t)num(l, 4),
+        .rcv_wnd = (uint32_t)num(l, 5),
+        .rcv_wup = (uint32_t)num(l, 6),
+    };
+    set_repair(fd, TCP_REPAIR_WINDOW, &w, sizeof(w), "TCP_REPAIR_WINDOW");
+    int q = TCP_NO_QUEUE, off = 0; /* off with a window probe: the peer learns our window at once */
+    set_repair(fd, TCP_REPAIR_QUEUE, &q, sizeof(q), "TCP_REPAIR_QUEUE");
+    set_repair(fd, TCP_REPAIR, &off, sizeof(off), "TCP_REPAIR off");
+}
+
 static void op_sockbuf(const struct line *l)
 {
     int fd = slot_fd(l, 1);
@@ -566,6 +672,12 @@ static void build_objects(char *buf, uint64_t size)
             tcp_bind(slot_fd(&l, 1), &l, 2);
         } else if (!ck_strcmp(op, "tcppair")) {
             op_tcppair(&l);
+        } else if (!ck_strcmp(op, "tcprepair")) {
+            op_tcprepair(&l);
+        } else if (!ck_strcmp(op, "repairq")) {
+            op_repairq(&l);
+        } else if (!ck_strcmp(op, "repairoff")) {
+            op_repairoff(&l);
         } else if (!ck_strcmp(op, "tcpopts")) {
             tcp_socket_opts(slot_fd(&l, 1), (uint32_t)num(&l, 2));
         } else if (!ck_strcmp(op, "sockbuf")) {

@@ -142,6 +142,107 @@ static int save_unsent(struct ck_image *im, struct ck_fd *f, int fd)
     return 0;
 }
 
+static long queue_seq(int fd, int queue, uint32_t *seq)
+{
+    long rc = ck_setsockopt(fd, SOL_TCP, TCP_REPAIR_QUEUE, &queue, sizeof(queue));
+    unsigned len = sizeof(*seq);
+    if (rc == 0)
+        rc = ck_getsockopt(fd, SOL_TCP, TCP_QUEUE_SEQ, seq, &len);
+    return rc;
+}
+
+/*
+ * This end's whole state in repair mode, so that it can be rebuilt without
+ * its peer's image (the peer is another rank, maybe on another node, and
+ * is dumped at another instant).  Any instant while both ends are parked
+ * is consistent: bytes only move from "in A's send queue" to "in A's send
+ * queue and in B's receive queue" (received, not yet acknowledged), and a
+ * restored A sends those again, which B drops as duplicates.
+ *
+ * The receive queue is peeked between two reads of its sequence number,
+ * again until no segment arrived in between.  Without CAP_NET_ADMIN
+ * nothing is saved here, and only connections inside one rank restore.
+ */
+static int save_repair(struct ck_image *im, struct ck_fd *f, int fd, const struct tcp_info *ti)
+{
+    int on = 1, off = -1; /* off: TCP_REPAIR_OFF_NO_WP, leave without a window probe */
+    if (ck_setsockopt(fd, SOL_TCP, TCP_REPAIR, &on, sizeof(on)) < 0)
+        return ck_peek_queue(im, f, fd);
+    int result = -1;
+    f->mss = opt_u32(fd, SOL_TCP, TCP_MAXSEG);
+    f->snd_wscale = ti->tcpi_snd_wscale;
+    f->rcv_wscale = ti->tcpi_rcv_wscale;
+    f->tcpi_options = ti->tcpi_options;
+    unsigned len = sizeof(f->timestamp);
+    if (ck_getsockopt(fd, SOL_TCP, TCP_TIMESTAMP, &f->timestamp, &len) < 0)
+        f->timestamp = 0;
+
+    uint32_t write_seq = 0, rcv1 = 0, rcv2 = 0;
+    long rc = queue_seq(fd, TCP_SEND_QUEUE, &write_seq);
+    int queued = ioctl_int(fd, SIOCOUTQ);
+    if (rc < 0 || queued < 0 || (uint32_t)queued > MAX_SNDQ) {
+        ck_image_fail(im, "cannot read a TCP send queue in repair mode", 0, rc < 0 ? rc : -EIO);
+        goto out;
+    }
+    char *buf = queued ? ck_arena_alloc((size_t)queued) : 0;
+    long n = 0;
+    if (queued && !buf) {
+        ck_image_fail(im, "cannot allocate checkpoint scratch memory", 0, -ENOMEM);
+        goto out;
+    }
+    if (queued)  /* acknowledgements may shorten it meanwhile: n is what is left */
+        n = ck_sc6(SYS_recvfrom, fd, (long)buf, queued, MSG_PEEK | MSG_DONTWAIT, 0, 0);
+    if (n < 0) {
+        ck_image_fail(im, "cannot read a TCP send queue in repair mode", 0, n);
+        goto out;
+    }
+    f->snd_seq = write_seq - (uint32_t)n;
+    f->sendq_off = ck_table_bytes_append(&im->blob, buf, (size_t)n);
+    f->sendq_len = (uint64_t)n;
+    if (f->sendq_off == UINT64_MAX) {
+        ck_image_fail(im, "too much queued socket data", 0, 0);
+        goto out;
+    }
+
+    for (int tries = 0;; tries++) {
+        f->data_len = 0;
+        if ((rc = queue_seq(fd, TCP_RECV_QUEUE, &rcv1)) < 0 || ck_peek_queue(im, f, fd) < 0 ||
+            (rc = queue_seq(fd, TCP_RECV_QUEUE, &rcv2)) < 0) {
+            if (rc < 0)
+                ck_image_fail(im, "cannot read a TCP receive queue in repair mode", 0, rc);
+            goto out;
+        }
+        if (rcv1 == rcv2)
+            break;
+        if (tries == 50) {
+            ck_fail_fd(im, fd, "TCP connection that keeps receiving while parked; retry the checkpoint", 0);
+            goto out;
+        }
+    }
+    f->rcv_seq = rcv1 - (uint32_t)f->data_len;
+
+    struct tcp_repair_window w;
+    len = sizeof(w);
+    ck_memset(&w, 0, sizeof(w));
+    rc = ck_getsockopt(fd, SOL_TCP, TCP_REPAIR_WINDOW, &w, &len);
+    if (rc < 0) {
+        ck_image_fail(im, "cannot read a TCP window in repair mode", 0, rc);
+        goto out;
+    }
+    f->snd_wl1 = w.snd_wl1;
+    f->snd_wnd = w.snd_wnd;
+    f->max_window = w.max_window;
+    f->rcv_wnd = w.rcv_wnd;
+    f->rcv_wup = w.rcv_wup;
+    f->repair = 1;
+    result = 0;
+out:;
+    int none = TCP_NO_QUEUE;
+    ck_setsockopt(fd, SOL_TCP, TCP_REPAIR_QUEUE, &none, sizeof(none));
+    ck_setsockopt(fd, SOL_TCP, TCP_REPAIR, &off, sizeof(off));
+    return result;
+}
+
 int ck_dump_tcp(struct ck_image *im, struct ck_fd *f, int family, const char *target)
 {
     int fd = f->fd;
@@ -194,5 +295,5 @@ int ck_dump_tcp(struct ck_image *im, struct ck_fd *f, int family, const char *ta
         return ck_image_fail(im, "cannot read a TCP connection's peer address", target, 0);
     if (save_unsent(im, f, fd) < 0)
         return -1;
-    return ck_peek_queue(im, f, fd);
+    return save_repair(im, f, fd, &ti);
 }

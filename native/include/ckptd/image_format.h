@@ -19,7 +19,7 @@
 
 /* BEGIN CFFI */
 #define CK_CORE_MAGIC 0x45524f4354504b43   /* "CKPTCORE" as little-endian bytes */
-#define CK_CORE_VERSION 2
+#define CK_CORE_VERSION 3
 #define CK_MAX_SECTIONS 16
 #define CK_PAGE_SIZE 4096
 
@@ -213,7 +213,25 @@ struct ck_fd {
     uint64_t sndq_off;          /* written but not yet sent (Nagle, a full window) */
     uint64_t sndq_len;
     uint32_t sndbuf;
-    uint32_t pad0;
+    /* CK_FD_TCP, connected: read in TCP repair mode (CAP_NET_ADMIN) so that
+       this end can be rebuilt alone, without its peer's image: the peer is
+       another rank of the job, maybe on another node */
+    uint32_t repair;            /* 1: the fields below are valid */
+    uint32_t mss;               /* TCP_MAXSEG */
+    uint32_t snd_wscale;
+    uint32_t rcv_wscale;
+    uint32_t tcpi_options;      /* TCPI_OPT_*: which options were negotiated */
+    uint32_t timestamp;         /* TCP_TIMESTAMP: the connection's clock */
+    uint32_t snd_seq;           /* sequence number of the send queue's first byte */
+    uint32_t rcv_seq;           /* sequence number of the receive queue's first byte */
+    uint32_t snd_wl1;           /* struct tcp_repair_window */
+    uint32_t snd_wnd;
+    uint32_t max_window;
+    uint32_t rcv_wnd;
+    uint32_t rcv_wup;
+    uint32_t pad1;
+    uint64_t sendq_off;         /* the whole send queue in BLOB: sent-not-acked, then unsent */
+    uint64_t sendq_len;
 };
 
 struct ck_epoll_target {

@@ -1,0 +1,197 @@
+"""Multi-node jobs: ranks, their placement on nodes, and their addresses.
+
+A job launched with --ranks or --nodes is N process trees ("ranks").  Each
+rank runs in its own network namespace with a virtual IP that belongs to
+the rank, not to the node: 10.213.S.(R+1) for rank R of the job in address
+slot S.  The agents route every rank's /32 to the node that hosts it, so a
+rank restarted on another node keeps its address, and its peers' TCP
+connections to it are rebuilt unchanged (ARCHITECTURE.md, "Multi-node").
+
+A classic job (no --ranks) has no RankRecord: one tree, the node's network.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ckptd.errors import CkptdError, Code
+from ckptd.v1 import ckptd_pb2 as pb
+
+VIP_PREFIX = "10.213"
+MAX_RANKS = 250
+MAX_SLOTS = 255
+RUNNING = ("starting", "running", "checkpointing", "restoring")
+
+
+@dataclass
+class RankRecord:
+    rank: int
+    node: str
+    vip: str
+    status: pb.JobStatus = field(default_factory=pb.JobStatus)
+
+
+@dataclass(frozen=True, eq=False)  # hashed by identity: a key for one round's replies
+class Target:
+    """One agent-side job the coordinator drives: a rank, or a classic job."""
+
+    name: str  # the job's name on the agent ("<job>@<rank>" for a rank)
+    node: str
+    rank: RankRecord | None
+
+    @property
+    def label(self) -> str:
+        return f"rank {self.rank.rank} on {self.node}" if self.rank else f"node {self.node}"
+
+
+def agent_job_name(job: str, rank: int) -> str:
+    return f"{job}@{rank}"
+
+
+def split_agent_job_name(name: str) -> tuple[str, int | None]:
+    job, sep, rank = name.rpartition("@")
+    if sep and rank.isdigit():
+        return job, int(rank)
+    return name, None
+
+
+def vip(slot: int, rank: int) -> str:
+    return f"{VIP_PREFIX}.{slot}.{rank + 1}"
+
+
+def free_slot(used: set[int]) -> int:
+    for slot in range(1, MAX_SLOTS + 1):
+        if slot not in used:
+            return slot
+    raise CkptdError(Code.RESOURCE_EXHAUSTED, f"all {MAX_SLOTS} address slots are taken; remove finished jobs")
+
+
+def spread(nranks: int, nodes: list[str]) -> list[str]:
+    """Rank r on nodes[r % len(nodes)]."""
+    return [nodes[r % len(nodes)] for r in range(nranks)]
+
+
+def rank_spec(spec: pb.JobSpec, ranks: list[RankRecord], rank: RankRecord, node_ips: dict[str, str]) -> pb.JobSpec:
+    """The spec one agent runs: the job's, named for the rank, with the
+    whole job's current placement."""
+    out = pb.JobSpec()
+    out.CopyFrom(spec)
+    out.name = agent_job_name(spec.name, rank.rank)
+    out.rank.job = spec.name
+    out.rank.rank = rank.rank
+    out.rank.vip = rank.vip
+    out.rank.hostname = f"{spec.name}-{rank.rank}"[:63]
+    for r in ranks:
+        out.rank.ranks.append(pb.RankAddress(rank=r.rank, vip=r.vip, node=r.node, node_ip=node_ips.get(r.node, "")))
+    out.env["CKPTD_RANK"] = str(rank.rank)
+    out.env["CKPTD_NRANKS"] = str(len(ranks))
+    out.env["CKPTD_RANK_ADDRS"] = ",".join(r.vip for r in ranks)
+    out.env["CKPTD_MASTER_ADDR"] = ranks[0].vip
+    return out
+
+
+def apply_placement(
+    ranks: list[RankRecord], placement: list[str], live: list[str], busy: dict[str, int]
+) -> dict[int, str]:
+    """Where each rank goes on a restart.  `placement` entries are NODE (the
+    ranks are spread over these) or RANK=NODE.  Ranks not named stay on
+    their node while it is live, else go to the least busy live node."""
+    chosen: dict[int, str] = {}
+    spread_over: list[str] = []
+    by_rank = {r.rank: r for r in ranks}
+    for entry in placement:
+        for raw in entry.split(","):
+            part = raw.strip()
+            if not part:
+                continue
+            if "=" in part:
+                r, _, node = part.partition("=")
+                if not r.strip().isdigit() or int(r) not in by_rank:
+                    raise CkptdError(
+                        Code.INVALID_ARGUMENT,
+                        f"--on {part}: the job has ranks 0 to {len(ranks) - 1}; use RANK=NODE or NODE",
+                    )
+                chosen[int(r)] = node.strip()
+            else:
+                spread_over.append(part)
+    for node in [*chosen.values(), *spread_over]:
+        if node not in live:
+            raise CkptdError(Code.UNAVAILABLE, f"node {node} is not answering; `ckptctl nodes` lists the live ones")
+    if spread_over:
+        unnamed = [r for r in ranks if r.rank not in chosen]
+        for r, node in zip(unnamed, spread(len(unnamed), spread_over), strict=True):
+            chosen[r.rank] = node
+    if not live:
+        raise CkptdError(Code.UNAVAILABLE, "no live node to restart on; start an agent (`ckptd agent`)")
+    load = dict(busy)
+    for node in chosen.values():
+        load[node] = load.get(node, 0) + 1
+    for r in ranks:
+        if r.rank in chosen:
+            continue
+        if r.node in live:
+            chosen[r.rank] = r.node
+        else:
+            node = min(live, key=lambda n: (load.get(n, 0), n))
+            chosen[r.rank] = node
+        load[chosen[r.rank]] = load.get(chosen[r.rank], 0) + 1
+    return chosen
+
+
+def aggregate(job: str, ranks: list[RankRecord]) -> pb.JobStatus:
+    """One state for the whole job from its ranks' states."""
+    st = pb.JobStatus(name=job)
+    states = [r.status.state or "lost" for r in ranks]
+    for r in ranks:
+        st.ranks.append(
+            pb.RankStatus(
+                rank=r.rank,
+                node=r.node,
+                vip=r.vip,
+                state=r.status.state or "lost",
+                message=r.status.message,
+                pids=list(r.status.pids),
+            )
+        )
+        st.pids.extend(r.status.pids)
+        st.processes.extend(r.status.processes)
+    st.generation = max((r.status.generation for r in ranks), default=0)
+    st.node = ranks[0].node if ranks else ""
+
+    def first(state: str) -> RankRecord:
+        return next(r for r in ranks if (r.status.state or "lost") == state)
+
+    if all(s == "exited" for s in states):
+        st.state = "exited"
+        failed = [r for r in ranks if r.status.exit_code or r.status.exit_signal]
+        last = failed[0] if failed else ranks[0]
+        st.has_exit, st.exit_code, st.exit_signal = True, last.status.exit_code, last.status.exit_signal
+        st.message = last.status.message
+    elif all(s == "stopped" for s in states):
+        st.state, st.message = "stopped", ranks[0].status.message
+    elif all(s in ("killed", "exited", "stopped") for s in states):
+        st.state, st.message = "killed", "killed by `ckptctl kill`"
+    elif "lost" in states:
+        r = first("lost")
+        st.state = "lost"
+        st.message = f"rank {r.rank} on node {r.node}: {r.status.message or 'not answering'}"
+    elif "failed" in states:
+        r = first("failed")
+        st.state = "failed"
+        st.message = f"rank {r.rank} on node {r.node}: {r.status.message}"
+    elif any(s in ("exited", "killed", "stopped") for s in states):
+        # some ranks ended and others did not: the job cannot go on as it is
+        r = next(r for r in ranks if r.status.state in ("exited", "killed", "stopped"))
+        if all(s in RUNNING for s in states if s not in ("exited",)) and r.status.state == "exited":
+            st.state = "running"  # ranks finishing one after another
+            st.message = f"rank {r.rank} exited; waiting for the others"
+        else:
+            st.state = "failed"
+            st.message = f"rank {r.rank} on node {r.node} is {r.status.state}: {r.status.message}"
+    else:
+        for state in ("restoring", "checkpointing", "starting", "running"):
+            if state in states:
+                st.state = state
+                break
+        st.message = next((r.status.message for r in ranks if r.status.message), "")
+    return st
