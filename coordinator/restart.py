@@ -144,20 +144,23 @@ def _live_rank_status(nodes: NodeRegistry, name: str, rank: RankRecord) -> pb.Jo
     try:
         return call(node.stub.GetJob, pb.AgentJobRequest(job=name), 10, f"agent on {node.name}")
     except CkptdError as e:
-        if e.code is Code.NOT_FOUND:
-            return pb.JobStatus(name=name, state="lost")
+        if e.code in (Code.NOT_FOUND, Code.UNAVAILABLE, Code.DEADLINE_EXCEEDED):
+            # a node whose agent does not answer is as good as dead (its
+            # heartbeats stop a few seconds later)
+            return pb.JobStatus(name=name, state="lost", message=f"node {rank.node}: {e.message}")
         raise
 
 
-def _stop_ranks(record: JobRecord, nodes: NodeRegistry, force: bool) -> None:
+def _stop_ranks(record: JobRecord, nodes: NodeRegistry, force: bool) -> set[str]:
     """A job whose ranks all run is only restarted with force; one that lost a
     rank cannot go on, and its surviving ranks are stopped first."""
     live = {r.rank: _live_rank_status(nodes, agent_job_name(record.name, r.rank), r) for r in record.ranks}
     view = [RankRecord(r.rank, r.node, r.vip, live[r.rank]) for r in record.ranks]
     job = aggregate(record.name, view)
+    unreachable = {r.node for r in view if r.status.state == "lost" and r.status.message}
     running = [r for r in view if r.status.state in RUNNING]
     if not running:
-        return
+        return unreachable
     if job.state in RUNNING and not force:
         where = ", ".join(f"rank {r.rank} on {r.node}" for r in running)
         raise CkptdError(
@@ -174,6 +177,7 @@ def _stop_ranks(record: JobRecord, nodes: NodeRegistry, force: bool) -> None:
             KILL_WAIT_S + 10,
             f"agent on {r.node}",
         )
+    return unreachable
 
 
 def _restart_ranks(
@@ -192,9 +196,9 @@ def _restart_ranks(
             Code.DATA_LOSS,
             f"{checkpoint.name} holds ranks {sorted(saved)}, but job {record.name} has {len(record.ranks)}",
         )
-    _stop_ranks(record, nodes, request.force)
+    unreachable = _stop_ranks(record, nodes, request.force)
     placement = list(request.placement) + ([request.node] if request.node else [])
-    live = [n.name for n in nodes.live()]
+    live = [n.name for n in nodes.live() if n.name not in unreachable]
     busy: dict[str, int] = {}
     for other in registry.all():
         if other is not record:
