@@ -113,9 +113,14 @@ class Checkpointer:
                 for conn in new:
                     try:
                         reply = conn.request("QUIESCE", timeout=timeout_s + 5, timeout_ms=int(timeout_s * 1000))
-                    except ShimError:
+                    except ShimError as e:
                         if conn.closed.is_set() or not psutil.pid_exists(conn.host_pid):
                             continue  # exited (or exec'd) meanwhile: the next pass sees what is left
+                        if e.code is Code.DEADLINE_EXCEEDED:
+                            # a process that did not answer (stopped, say) may still park once it runs
+                            # again: an ABORT queued behind the QUIESCE releases it then
+                            with contextlib.suppress(ShimError):
+                                conn.request("ABORT", timeout=1)
                         raise
                     parked.append(conn)
                     threads += reply.int("threads")

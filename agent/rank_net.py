@@ -32,12 +32,17 @@ Kernel behaviour this relies on (checked on Linux 6.18):
   or leaked to the node's default gateway.  Peers just retransmit until the
   rank is back.
 
-Namespace creation and entry go through pyroute2, which forks short-lived
-helper processes; all calls are serialised by a module lock.
+Nothing here forks: the agent is a multi-threaded gRPC server, where a
+forked child may crash before it execs (pyroute2's netns.create and
+IPRoute(netns=...) fork, and did crash here).  A rank netns is made and
+entered by a short-lived thread instead: the network namespace belongs to
+the thread, so unshare() or setns() there leaves the rest of the agent in
+the node's namespace.  All calls are serialised by a module lock.
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import hashlib
 import ipaddress
@@ -45,12 +50,12 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from pyroute2 import IPRoute, NetlinkError, netns  # type: ignore[import-untyped,unused-ignore]
+from pyroute2 import IPRoute, NetlinkError  # type: ignore[import-untyped,unused-ignore]
 
 log = logging.getLogger(__name__)
 
@@ -144,13 +149,79 @@ def _write_sysctl(path: str, value: str) -> None:
 
 
 @contextmanager
-def _ipr(path: str | None = None) -> Iterator[Any]:
-    """An IPRoute in the current netns, or in the netns at `path` (never created implicitly)."""
-    ipr = IPRoute() if path is None else IPRoute(netns=path, flags=0)
+def _ipr() -> Iterator[Any]:
+    """An IPRoute in the calling thread's netns."""
+    ipr = IPRoute()
     try:
         yield ipr
     finally:
         ipr.close()
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+CLONE_NEWNET = 0x40000000
+MS_BIND = 0x1000
+MNT_DETACH = 2
+
+T = TypeVar("T")
+
+
+def _in_thread(fn: Callable[[], T]) -> T:
+    """Run fn in a new thread (whose netns it may change) and return its result or raise its error."""
+    out: list[T] = []
+    err: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            out.append(fn())
+        except BaseException as e:
+            err.append(e)
+
+    t = threading.Thread(target=run, name="rank-netns")
+    t.start()
+    t.join()
+    if err:
+        raise err[0]
+    return out[0]
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"{what}: {os.strerror(e)}")
+
+
+def _create_netns(path: str) -> None:
+    """A new network namespace, kept alive by a bind mount at path (what `ip netns add` does)."""
+
+    def make() -> None:
+        _check(_libc.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")
+        with open(path, "w"):
+            pass
+        _check(_libc.mount(b"/proc/thread-self/ns/net", path.encode(), None, MS_BIND, None), f"mount {path}")
+
+    os.makedirs(NETNS_DIR, exist_ok=True)
+    _in_thread(make)
+
+
+def _remove_netns(path: str) -> None:
+    _libc.umount2(path.encode(), MNT_DETACH)  # not mounted (a stale file): nothing to undo
+    os.unlink(path)
+
+
+def _in_netns(path: str, fn: Callable[[Any], T]) -> T:
+    """fn(ipr) with an IPRoute inside the netns at path."""
+
+    def enter() -> T:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            _check(_libc.setns(fd, CLONE_NEWNET), f"setns {path}")
+        finally:
+            os.close(fd)
+        with _ipr() as ipr:
+            return fn(ipr)
+
+    return _in_thread(enter)
 
 
 def _link_index(ipr: Any, ifname: str) -> int | None:
@@ -174,10 +245,14 @@ def _vip_of(ipr: Any, idx: int, rank_ns: str) -> str | None:
             return m.group(1)
     if os.path.exists(rank_ns):
         try:
-            with _ipr(rank_ns) as ns:
+
+            def find(ns: Any) -> str | None:
                 for addr in ns.addr("dump", family=2):
                     if addr.get("IFA_LABEL") == RANK_IFNAME:
                         return str(addr.get("IFA_ADDRESS"))
+                return None
+
+            return _in_netns(rank_ns, find)
         except (OSError, NetlinkError) as e:
             log.debug("cannot read the VIP from %s: %s", rank_ns, e)
     return None
@@ -203,7 +278,7 @@ def create_rank_netns(node: str, job: str, rank: int, vip: str, carrier: bool) -
         delete_rank_netns(node, job, rank)  # idempotent: start from scratch
         enable_forwarding()
         try:
-            netns.create(name)
+            _create_netns(path)
         except OSError as e:
             raise _fail(f"cannot create network namespace {path}", e) from e
         try:
@@ -216,7 +291,8 @@ def create_rank_netns(node: str, job: str, rank: int, vip: str, carrier: bool) -
                 ipr.link("set", index=idx, ifalias=f"ckptd vip={vip} {node}/{job}/{rank}"[:255])
                 _write_sysctl(f"/proc/sys/net/ipv4/conf/{veth}/proxy_arp", "1")
                 _write_sysctl(f"/proc/sys/net/ipv4/conf/{veth}/rp_filter", "0")
-                with _ipr(path) as ns:
+
+                def inside(ns: Any) -> None:
                     lo = _link_index(ns, "lo")
                     eth = _link_index(ns, RANK_IFNAME)
                     if lo is None or eth is None:
@@ -226,6 +302,8 @@ def create_rank_netns(node: str, job: str, rank: int, vip: str, carrier: bool) -
                     # eth0 must be admin-up before the route is accepted; the missing carrier is fine.
                     ns.link("set", index=eth, state="up")
                     ns.route("replace", dst="0.0.0.0/0", oif=eth, scope="link")
+
+                _in_netns(path, inside)
                 # A stale metric-0 route of ours (e.g. "via" the rank's previous node) would bypass the blackhole.
                 # type=unicast: with priority 0 ("any") the kernel would otherwise match the blackhole too.
                 _ignore(
@@ -299,7 +377,7 @@ def delete_rank_netns(node: str, job: str, rank: int) -> None:
             raise _fail(f"cannot remove the network of rank {rank} of job {job}", e) from e
         if os.path.lexists(path):
             try:
-                netns.remove(path)  # unmount + unlink; the netns itself dies with its last process
+                _remove_netns(path)  # unmount + unlink; the netns itself dies with its last process
             except FileNotFoundError:
                 pass
             except OSError as e:

@@ -23,6 +23,7 @@ import queue
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,6 +98,7 @@ class ShimConnection:
         self.host_pid, self.uid, self.gid = struct.unpack("3i", creds)
         self.hello: Message | None = None
         self._replies: queue.Queue[Message | None] = queue.Queue()
+        self._late = 0  # requests that timed out: their replies, if any, are still to come
         self._request_lock = threading.Lock()
         self._on_close = on_close
         self.closed = threading.Event()
@@ -158,9 +160,16 @@ class ShimConnection:
                 self.sock.sendall(format_message(command, **fields))
             except OSError as e:
                 raise ShimError(Code.FAILED_PRECONDITION, f"process {self.host_pid} is gone ({e})") from e
+            deadline = time.monotonic() + timeout
             try:
-                reply = self._replies.get(timeout=timeout)
+                # the replies to earlier requests that timed out come first, in order
+                while self._late:
+                    if self._replies.get(timeout=max(0.0, deadline - time.monotonic())) is None:
+                        break
+                    self._late -= 1
+                reply = self._replies.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
+                self._late += 1
                 raise ShimError(
                     Code.DEADLINE_EXCEEDED,
                     f"process {self.host_pid} did not answer {command} within {timeout:.0f} s",
