@@ -27,6 +27,18 @@ log = logging.getLogger(__name__)
 HEARTBEAT_S = 2.0
 
 
+def _fill(arg: str, spec: pb.JobSpec) -> str:
+    """{rank}, {nranks} and {master_addr} in a rank's command line."""
+    if not spec.rank.job:
+        return arg
+    master = next((r.vip for r in spec.rank.ranks if r.rank == 0), "")
+    return (
+        arg.replace("{rank}", str(spec.rank.rank))
+        .replace("{nranks}", str(len(spec.rank.ranks)))
+        .replace("{master_addr}", master)
+    )
+
+
 class AgentNode:
     def __init__(self, home: Home, node: str, address: str, coordinator: str, ip: str = "") -> None:
         self.home = home
@@ -231,7 +243,7 @@ class AgentNode:
             raise CkptdError(Code.PERMISSION_DENIED, f"cannot create the job directory {jd.path}: {e.strerror}") from e
         job = self._track(spec)
         job.netns = self._rank_network(spec, carrier=True)
-        job.spawn([a.replace("{rank}", str(spec.rank.rank)) for a in spec.argv], restore=False)
+        job.spawn([_fill(a, spec) for a in spec.argv], restore=False)
         return job
 
     def _rank_network(self, spec: pb.JobSpec, carrier: bool) -> str:

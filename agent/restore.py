@@ -208,14 +208,16 @@ def restore_job(
     multi-node job) the rebuilt processes stay parked and are returned: they
     run once every rank is rebuilt."""
     checkpoint, manifest = verified.path, verified.manifest
+    # a rank's part of a multi-node checkpoint is ckpt-N/rank-R: named as ckpt-N
+    name = checkpoint.parent.name if job.spec.rank.job else checkpoint.name
     procs = manifest["processes"]
     with job.cond:
-        job.operation = f"restart from {checkpoint.name}: rolling back files"
+        job.operation = f"restart from {name}: rolling back files"
     roll_back_files(checkpoint, manifest)
     put_back_log(checkpoint / "output.log", job.job_dir.log)
     put_back_log(checkpoint / "output.idx", job.job_dir.index)
 
-    plan = job.home.agent_dir(job.node) / "jobs" / job.name / f"plan-{checkpoint.name}.txt"
+    plan = job.home.agent_dir(job.node) / "jobs" / job.name / f"plan-{name}.txt"
     plan.parent.mkdir(parents=True, exist_ok=True)
     plan.write_text(verified.plan)
     inc = job.spawn(
@@ -228,30 +230,30 @@ def restore_job(
             "--agent-socket",
             str(home.shim_socket(job.node)),
             "--checkpoint",
-            checkpoint.name,
+            name,
         ],
         restore=True,
-        restored_from=checkpoint.name,
+        restored_from=name,
     )
     with job.cond:
-        job.operation = f"restart from {checkpoint.name}: rebuilding {len(procs)} process(es)"
+        job.operation = f"restart from {name}: rebuilding {len(procs)} process(es)"
     pages = sum(int(p.get("pages_bytes", 0)) for p in procs)
     deadline = time.monotonic() + RESTORE_BASE_TIMEOUT_S + pages / RESTORE_MIN_BANDWIDTH
     conns = _wait_restored(job, inc.generation, {int(p["pid"]) for p in procs}, deadline)
     if conns is None:
         reason = _restore_failure(Path(inc.runtime_dir)) or job.message or "the restorer did not report back in time"
         job.kill()
-        raise CkptdError(Code.FAILED_PRECONDITION, f"restart of job {job.name} from {checkpoint.name} failed: {reason}")
+        raise CkptdError(Code.FAILED_PRECONDITION, f"restart of job {job.name} from {name} failed: {reason}")
     if hold:
         with job.cond:
-            job.operation = f"restart from {checkpoint.name}: rebuilt, waiting for the other ranks"
+            job.operation = f"restart from {name}: rebuilt, waiting for the other ranks"
         return conns
     # every process is rebuilt and parked: they run again together
     for conn in conns:
         conn.request("RESUME", timeout=30)
     with job.cond:
         job.state = "running"
-        job.message = f"restored from {checkpoint.name}"
+        job.message = f"restored from {name}"
         job.operation = ""
         job.cond.notify_all()
     return None

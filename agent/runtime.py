@@ -216,7 +216,7 @@ class JobRuntime:
         if os.getuid() != 0:
             cmd.append("--userns")
         if self.netns:
-            cmd += ["--netns", self.netns, "--hostname", self.spec.rank.hostname]
+            cmd += ["--netns", self.netns, "--hostname", self.spec.rank.hostname, "--hosts", self._hosts_file(rt)]
         if restore:
             cmd.append("--restore")
         cmd += ["--", *program]
@@ -262,6 +262,20 @@ class JobRuntime:
         self._on_change(self)
         return inc
 
+    def _hosts_file(self, runtime_dir: Path) -> str:
+        """/etc/hosts as the rank sees it: the node's, then every rank's host
+        name at its virtual IP (what gloo and NCCL resolve to pick their
+        interface), so a restarted rank finds the same names."""
+        try:
+            base = Path("/etc/hosts").read_text()
+        except OSError:
+            base = "127.0.0.1 localhost\n"
+        job = self.spec.rank.job
+        lines = [f"{r.vip}\t{f'{job}-{r.rank}'[:63]}" for r in self.spec.rank.ranks]
+        path = runtime_dir / "hosts"
+        path.write_text(base.rstrip("\n") + "\n# ckptd: the ranks of job " + job + "\n" + "\n".join(lines) + "\n")
+        return str(path)
+
     def adopt(self, inc: Incarnation) -> bool:
         """Take over an incarnation started by an earlier agent."""
         self.incarnation = inc
@@ -299,7 +313,7 @@ class JobRuntime:
                 self.state = "failed"
                 self.message = (
                     "killed by SIGKILL (node failure, OOM killer or kill -9); "
-                    f"`ckptctl restart {self.name}` resumes it from its last checkpoint"
+                    f"`ckptctl restart {self.spec.rank.job or self.name}` resumes it from its last checkpoint"
                 )
             elif exit_info.signal:
                 self.state, self.message = "exited", f"terminated by signal {exit_info.signal}"

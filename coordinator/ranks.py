@@ -105,13 +105,13 @@ def apply_placement(
             if not part:
                 continue
             if "=" in part:
-                r, _, node = part.partition("=")
-                if not r.strip().isdigit() or int(r) not in by_rank:
+                rank_text, _, node_name = part.partition("=")
+                if not rank_text.strip().isdigit() or int(rank_text) not in by_rank:
                     raise CkptdError(
                         Code.INVALID_ARGUMENT,
                         f"--on {part}: the job has ranks 0 to {len(ranks) - 1}; use RANK=NODE or NODE",
                     )
-                chosen[int(r)] = node.strip()
+                chosen[int(rank_text)] = node_name.strip()
             else:
                 spread_over.append(part)
     for node in [*chosen.values(), *spread_over]:
@@ -119,22 +119,21 @@ def apply_placement(
             raise CkptdError(Code.UNAVAILABLE, f"node {node} is not answering; `ckptctl nodes` lists the live ones")
     if spread_over:
         unnamed = [r for r in ranks if r.rank not in chosen]
-        for r, node in zip(unnamed, spread(len(unnamed), spread_over), strict=True):
-            chosen[r.rank] = node
+        for rr, target in zip(unnamed, spread(len(unnamed), spread_over), strict=True):
+            chosen[rr.rank] = target
     if not live:
         raise CkptdError(Code.UNAVAILABLE, "no live node to restart on; start an agent (`ckptd agent`)")
     load = dict(busy)
     for node in chosen.values():
         load[node] = load.get(node, 0) + 1
-    for r in ranks:
-        if r.rank in chosen:
+    for rec in ranks:
+        if rec.rank in chosen:
             continue
-        if r.node in live:
-            chosen[r.rank] = r.node
+        if rec.node in live:
+            chosen[rec.rank] = rec.node
         else:
-            node = min(live, key=lambda n: (load.get(n, 0), n))
-            chosen[r.rank] = node
-        load[chosen[r.rank]] = load.get(chosen[r.rank], 0) + 1
+            chosen[rec.rank] = min(live, key=lambda n: (load.get(n, 0), n))
+        load[chosen[rec.rank]] = load.get(chosen[rec.rank], 0) + 1
     return chosen
 
 

@@ -239,3 +239,30 @@ def run_plain(argv: list[str], env: dict[str, str] | None = None, **kw: Any) -> 
     e = dict(os.environ, OPENBLAS_NUM_THREADS="2")
     e.update(env or {})
     return subprocess.run(argv, env=e, capture_output=True, text=True, check=True, timeout=300, **kw)
+
+
+# ---- PyTorch (CPU): installed only for the tests that use it ----
+
+TORCH_VERSION = "2.13.0"  # a CPU wheel that lies on these machines' disks
+
+
+@pytest.fixture(scope="session")
+def torch_path(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A PYTHONPATH entry under which `import torch` works: the environment's
+    own torch, or torch==2.13.0 installed into a cache directory."""
+    probe = subprocess.run([PYTHON, "-c", "import torch"], capture_output=True)
+    if probe.returncode == 0:
+        yield ""
+        return
+    target = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ckptd-tests" / f"torch-{TORCH_VERSION}"
+    if not (target / "torch").is_dir():
+        shutil.rmtree(target, ignore_errors=True)
+        p = subprocess.run(
+            [PYTHON, "-m", "pip", "install", "-q", "--target", str(target), f"torch=={TORCH_VERSION}"],
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        if p.returncode != 0:
+            pytest.skip(f"torch=={TORCH_VERSION} is not installable here: {p.stderr.strip()[-300:]}")
+    yield str(target)

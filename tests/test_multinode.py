@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from cluster import Cluster
 from conftest import CKPTCTL, CKPTD, PYTHON, WORKLOADS
 
@@ -215,6 +214,50 @@ def test_two_ranks_restart_on_a_third_node(three_nodes: MultiNode) -> None:
     assert nodes["b"]["alive"] is False
 
 
+def stdout_of(m: MultiNode, job: str, rank: int) -> bytes:
+    from ckptd.agent.output import LogFollower
+
+    log = m.storage / job / f"rank-{rank}" / "output.log"
+    return b"".join(c.data for c in LogFollower(log, log.with_suffix(".idx")).poll() if c.stream == 1)
+
+
+def test_torchrun_multinode_gloo(three_nodes: MultiNode, torch_path: str) -> None:
+    """torchrun's own multi-node launch under ckptd: one torchrun agent per
+    node (static rendezvous at rank 0's address), gloo all_reduce and
+    broadcast between the nodes.  Checkpointed mid-training, node b killed,
+    restarted with that rank on node c: the same output as a plain run."""
+    m = three_nodes
+    if torch_path:
+        m.env["PYTHONPATH"] = torch_path
+    script, steps = str(WORKLOADS / "ddp_gloo.py"), "400"
+    plain = subprocess.run(
+        [PYTHON, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29561", script, steps],
+        env=m.env,
+        capture_output=True,
+        timeout=300,
+    )
+    assert plain.returncode == 0, plain.stderr[-2000:]
+    expected = plain.stdout
+    run = [PYTHON, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1"]
+    m.launch(
+        "tr",
+        [*run, "--node-rank", "{rank}", "--master-addr", "{master_addr}", "--master-port", "29500", script, steps],
+        "--nodes", "a,b",
+    )  # fmt: skip
+    m.wait_line("tr", 0, b"step 60 ", timeout=120)
+    m.checkpoint("tr")
+    m.wait_line("tr", 0, b"step 150 ", timeout=120)
+    m.checkpoint("tr")
+    m.wait_line("tr", 0, b"step 200 ", timeout=120)
+    m.cluster.kill_node("b")
+    m.wait_state("tr", ("lost", "failed"))
+    m.ctl("restart", "tr", "--on", "1=c")
+    st = m.wait_state("tr", ("exited", "failed", "lost", "killed"), timeout=240)
+    assert st["state"] == "exited", st
+    assert stdout_of(m, "tr", 0) == expected
+    assert expected.splitlines()[-1].endswith(b"ranks agree True")
+
+
 def test_four_ranks_auto_restart_after_node_death(three_nodes: MultiNode) -> None:
     """Acceptance: 4 ranks on 3 nodes with --auto-restart: node c dies and the
     coordinator brings the job back on its own; the result is identical."""
@@ -299,8 +342,7 @@ def test_bad_input_keeps_job_and_checkpoints(three_nodes: MultiNode) -> None:
 
     # two checkpoint requests at once: one wins, the other is refused
     procs = [
-        subprocess.Popen([CKPTCTL, "checkpoint", "bad"], env=m.env, stderr=subprocess.PIPE, text=True)
-        for _ in range(2)
+        subprocess.Popen([CKPTCTL, "checkpoint", "bad"], env=m.env, stderr=subprocess.PIPE, text=True) for _ in range(2)
     ]
     codes = sorted(p.wait(timeout=120) for p in procs)
     errs = "".join(p.stderr.read() for p in procs if p.stderr)

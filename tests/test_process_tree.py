@@ -5,18 +5,11 @@ flight), and the final output byte for byte an uninterrupted run's."""
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from conftest import PYTHON, WORKLOADS, Ckptd, kill_restart_twice, run_plain
-
-TORCH_VERSION = "2.13.0"  # a CPU wheel that lies on these machines' disks
-
 
 MARKS = (50, 150, 250, 350, 500)  # progress at which to checkpoint (3x), kill, kill again
 
@@ -135,28 +128,6 @@ def test_checkpoints_while_children_come_and_go(ckptd: Ckptd) -> None:
 
 
 # ---- PyTorch (CPU): installed only for these tests ----
-
-
-@pytest.fixture(scope="session")
-def torch_path(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A PYTHONPATH entry under which `import torch` works: the environment's
-    own torch, or torch==2.13.0 installed into a cache directory."""
-    probe = subprocess.run([PYTHON, "-c", "import torch"], capture_output=True)
-    if probe.returncode == 0:
-        yield ""
-        return
-    target = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ckptd-tests" / f"torch-{TORCH_VERSION}"
-    if not (target / "torch").is_dir():
-        shutil.rmtree(target, ignore_errors=True)
-        p = subprocess.run(
-            [PYTHON, "-m", "pip", "install", "-q", "--target", str(target), f"torch=={TORCH_VERSION}"],
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
-        if p.returncode != 0:
-            pytest.skip(f"torch=={TORCH_VERSION} is not installable here: {p.stderr.strip()[-300:]}")
-    yield str(target)
 
 
 def torch_env(c: Ckptd, torch_path: str) -> dict[str, str]:

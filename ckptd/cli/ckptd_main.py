@@ -186,8 +186,8 @@ def parser() -> argparse.ArgumentParser:
     launch.add_argument(
         "--ranks", type=int, metavar="N",
         help="a multi-node job of N ranks (process trees), each with its own virtual IP; "
-        "{rank} in the command becomes the rank, and $CKPTD_RANK, $CKPTD_NRANKS, $CKPTD_MASTER_ADDR, "
-        "$CKPTD_RANK_ADDRS are set",
+        "{rank}, {nranks} and {master_addr} in the command are filled in, and "
+        "$CKPTD_RANK, $CKPTD_NRANKS, $CKPTD_MASTER_ADDR, $CKPTD_RANK_ADDRS are set",
     )  # fmt: skip
     launch.add_argument(
         "--nodes", metavar="A,B,...",

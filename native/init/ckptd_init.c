@@ -3,7 +3,7 @@
  *
  *   ckptd-init --log FILE --index FILE --control SOCKET --exit-file FILE
  *              [--userns] [--restore] [--netns PATH] [--hostname NAME]
- *              -- PROGRAM [ARGS...]
+ *              [--hosts FILE] -- PROGRAM [ARGS...]
  *
  * Three processes, so that the job's pids are its own and its output
  * outlives the agent:
@@ -30,7 +30,10 @@
  * --netns PATH, --hostname NAME (a rank of a multi-node job): the whole
  * incarnation joins the rank's network namespace, which the agent made with
  * the rank's own address, and gets its own UTS namespace with the rank's
- * stable host name, so both survive a restart on another node.
+ * stable host name, so both survive a restart on another node.  --hosts
+ * FILE is mounted over /etc/hosts in the job's mount namespace: every
+ * rank's host name resolves to its address (gloo and NCCL look their own
+ * host name up to choose the interface they listen on).
  *
  * Statically linked, so the shim in LD_PRELOAD never loads into it.
  */
@@ -58,7 +61,7 @@
 #endif
 
 struct options {
-    const char *log, *index, *control, *exit_file, *netns, *hostname;
+    const char *log, *index, *control, *exit_file, *netns, *hostname, *hosts;
     int userns, restore;
     char **argv;
 };
@@ -78,7 +81,7 @@ static void die(const char *what)
 static void usage(void)
 {
     fprintf(stderr, "usage: ckptd-init --log FILE --index FILE --control SOCKET --exit-file FILE "
-                    "[--userns] [--restore] [--netns PATH] [--hostname NAME] -- PROGRAM [ARGS...]\n");
+                    "[--userns] [--restore] [--netns PATH] [--hostname NAME] [--hosts FILE] -- PROGRAM [ARGS...]\n");
     exit(125);
 }
 
@@ -106,6 +109,8 @@ static void parse(int argc, char **argv, struct options *o)
             o->netns = argv[++i];
         } else if (i + 1 < argc && !strcmp(a, "--hostname")) {
             o->hostname = argv[++i];
+        } else if (i + 1 < argc && !strcmp(a, "--hosts")) {
+            o->hosts = argv[++i];
         } else {
             usage();
         }
@@ -232,6 +237,8 @@ static void run_reaper(const struct options *o, int out_w, int err_w, int status
         die("cannot make mounts private");
     if (mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
         die("cannot mount /proc for the job's pid namespace");
+    if (o->hosts && mount(o->hosts, "/etc/hosts", NULL, MS_BIND, NULL) < 0)
+        die("cannot mount the ranks' hosts file over /etc/hosts");
     pid_t job = fork();
     if (job < 0)
         die("fork");
