@@ -4,6 +4,7 @@ sizes, next to the raw sequential bandwidth of the same directory measured
 in the same run (times are ckptd's own, without the CLI's start-up).  Writes a Markdown table (stdout, and --out FILE).
 
     scripts/bench.py [--dir DIR] [--sizes 256,1024,4096] [--trees 8x256] [--out BENCHMARKS.md]
+    scripts/bench.py --ranks 1,2,4 [--rank-mib 256] [--sizes ''] [--trees '']
 
 Per size: raw write (write + fsync, through the page cache like ckptd) and
 raw read (page cache dropped with POSIX_FADV_DONTNEED); then the workload is
@@ -13,8 +14,11 @@ own progress timestamps, it is killed with SIGKILL, its checkpoint files are
 evicted from the page cache, and `ckptctl restart` is timed (verification
 of every checksum plus the restore).  Ratios compare ckptd's throughput on
 the image with the raw bandwidth.  --trees adds process trees (8x256: eight
-processes of 256 MiB each), checkpointed and restarted as one job.  DMTCP
-is measured too when dmtcp_launch is on PATH.
+processes of 256 MiB each), checkpointed and restarted as one job.  --ranks
+adds multi-node jobs of 1, 2, 4 ranks (each rank its own network namespace
+and virtual IP, all on this machine's agent; root), exchanging messages
+over TCP all the time: checkpoint time and the pause against the number of
+ranks.  DMTCP is measured too when dmtcp_launch is on PATH.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 WORKLOAD = HERE / "bench_workload.py"
+RANK_WORKLOAD = HERE / "bench_rank_workload.py"
 CHUNK = 8 << 20
 
 
@@ -161,6 +166,60 @@ def bench_size(base: Path, mib: int, procs: int = 1) -> dict[str, float]:
     }
 
 
+def bench_ranks(base: Path, nranks: int, mib: int) -> dict[str, float]:
+    """A job of nranks ranks of mib MiB each: checkpoint, pause, restart."""
+    size = (mib << 20) * nranks
+    raw = base / "raw.bin"
+    w = raw_write(raw, size)
+    r = raw_read(raw)
+    raw.unlink()
+    c = Ckptd(base / "home")
+    job = f"ranks-{nranks}x{mib}"
+    ckpt_dir = base / "ckpt"
+    c.run("ckptd", "launch", "--detach", "--job", job, "--ckpt-dir", str(ckpt_dir), "--ranks", str(nranks),
+          "--", sys.executable, str(RANK_WORKLOAD), str(mib))  # fmt: skip
+    logs = [ckpt_dir / job / f"rank-{k}" / "output.log" for k in range(nranks)]
+    for log in logs:
+        wait_line(log, "ready")
+    time.sleep(1.0)
+
+    def gaps() -> float:
+        counts = [len(log.read_text().splitlines()) for log in logs]
+        for p in c.json("ckptctl", "status", job)["processes"]:
+            if p["pid"] == 2:
+                os.kill(p["host_pid"], signal.SIGUSR1)
+        return max(float(wait_line(log, "max_gap_s", after=n).split()[1]) for log, n in zip(logs, counts, strict=True))
+
+    gaps()  # reset the counters
+    info = c.json("ckptctl", "checkpoint", job)
+    paused = gaps()
+    for pid in c.json("ckptctl", "status", job)["pids"]:
+        os.kill(pid, signal.SIGKILL)
+    while c.json("ckptctl", "status", job)["state"] in ("running", "checkpointing"):
+        time.sleep(0.05)
+    evict(Path(info["path"]))
+    restart_s = float(c.json("ckptctl", "restart", job)["duration_s"])
+    time.sleep(0.5)
+    gaps()  # every rank alive and talking after the restart
+    c.run("ckptctl", "kill", job)
+    shutil.rmtree(Path(info["path"]))
+    image = int(info["size_bytes"])
+    return {
+        "mib": mib,
+        "procs": nranks,
+        "ranks": nranks,
+        "raw_write": w,
+        "raw_read": r,
+        "ckpt_s": float(info["duration_s"]),
+        "stall_s": float(info["stall_s"]),
+        "paused_s": paused,
+        "image": image,
+        "restart_s": restart_s,
+        "write_bw": image / float(info["duration_s"]),
+        "read_bw": image / restart_s,
+    }
+
+
 def gb(x: float) -> str:
     return f"{x / 1e9:.2f}"
 
@@ -173,8 +232,12 @@ def table(rows: list[dict[str, float]], where: Path) -> str:
     )
     body = ""
     for r in rows:
+        if r.get("ranks"):
+            what = f"{int(r['ranks'])} rank{'s' if r['ranks'] > 1 else ''} x {r['mib']} MiB"
+        else:
+            what = f"{r['mib']} MiB" if r["procs"] == 1 else f"{r['procs']} x {r['mib']} MiB"
         cells = [
-            f"{r['mib']} MiB" if r["procs"] == 1 else f"{r['procs']} x {r['mib']} MiB",
+            what,
             f"{r['ckpt_s']:.2f}",
             f"{r['paused_s']:.3f}",
             f"{r['image'] / 2**20:.0f}",
@@ -196,20 +259,25 @@ def main() -> int:
     ap.add_argument(
         "--dir", help="directory to measure and store checkpoints in (default: a temporary one under /var/tmp)"
     )
-    ap.add_argument("--sizes", default="256,1024,4096", help="resident sizes in MiB, comma-separated")
+    ap.add_argument("--sizes", default="256,1024,4096", help="resident sizes in MiB, comma-separated ('' for none)")
     ap.add_argument("--trees", default="8x256", help="process trees, PROCSxMIB, comma-separated ('' for none)")
+    ap.add_argument("--ranks", default="", help="multi-node jobs of these rank counts, e.g. 1,2,4 (root)")
+    ap.add_argument("--rank-mib", type=int, default=256, help="resident MiB per rank (default 256)")
     ap.add_argument("--out", help="also write the table to this file")
     args = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="ckptd-bench-", dir=args.dir or "/var/tmp"))
     rows = []
     try:
-        for mib in (int(s) for s in args.sizes.split(",")):
+        for mib in (int(s) for s in filter(None, args.sizes.split(","))):
             print(f"benchmarking {mib} MiB ...", file=sys.stderr, flush=True)
             rows.append(bench_size(base, mib))
         for tree in filter(None, args.trees.split(",")):
             procs, mib = (int(x) for x in tree.split("x"))
             print(f"benchmarking {procs} processes of {mib} MiB ...", file=sys.stderr, flush=True)
             rows.append(bench_size(base, mib, procs))
+        for n in (int(x) for x in filter(None, args.ranks.split(","))):
+            print(f"benchmarking {n} rank(s) of {args.rank_mib} MiB ...", file=sys.stderr, flush=True)
+            rows.append(bench_ranks(base, n, args.rank_mib))
         if shutil.which("dmtcp_launch"):
             print("dmtcp_launch found, but the DMTCP comparison is not implemented yet", file=sys.stderr)
         else:

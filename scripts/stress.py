@@ -4,10 +4,12 @@ under ckptd, checkpoint it at a random moment, SIGKILL every process a
 random moment later, restart it, and compare its final stdout with a plain
 run's.  Prints one line per run and a summary; exits 1 if any run differed.
 
-    scripts/stress.py [--rounds 6] [--workloads mp_pool,tcp_ipc,unix_ipc] [--seed N]
+    scripts/stress.py [--rounds 6] [--workloads mp_pool,tcp_ipc,unix_ipc,dp_sgd] [--seed N]
 
 The workloads are the process-tree ones in tests/workloads (multiprocessing,
-loopback TCP, Unix sockets); each takes about 5 s per run.
+loopback TCP, Unix sockets) and dp_sgd as a multi-node job of 2 ranks (each
+in its own network namespace on this machine, TCP between them; needs
+root), every rank's output compared; each takes about 5 s per run.
 """
 
 from __future__ import annotations
@@ -25,19 +27,39 @@ import time
 from pathlib import Path
 
 WORKLOADS = Path(__file__).resolve().parent.parent / "tests" / "workloads"
-ARGS = {"mp_pool": ["300"], "tcp_ipc": ["400"], "unix_ipc": ["400", "{dir}/job.sock"]}
+ARGS = {
+    "mp_pool": ["300"],
+    "tcp_ipc": ["400"],
+    "unix_ipc": ["400", "{dir}/job.sock"],
+    "dp_sgd": ["--steps", "250", "--dim", "16384"],
+}
+RANKS = {"dp_sgd": 2}  # launched as a multi-node job of this many ranks
+
+
+def plain(name: str, d: Path) -> list[str]:
+    """Each rank's stdout from a run without ckptd."""
+    argv = [sys.executable, str(WORKLOADS / f"{name}.py"), *(a.format(dir=d) for a in ARGS[name])]
+    n = RANKS.get(name, 0)
+    if not n:
+        return [subprocess.run(argv, capture_output=True, text=True, check=True, timeout=300).stdout]
+    env = dict(os.environ, CKPTD_NRANKS=str(n), DP_PORT=str(29700 + os.getpid() % 200))
+    procs = [
+        subprocess.Popen(argv, env=dict(env, CKPTD_RANK=str(r)), stdout=subprocess.PIPE, text=True) for r in range(n)
+    ]
+    return [p.communicate(timeout=300)[0] for p in procs]
 
 
 def run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(list(args), env=env, capture_output=True, text=True, timeout=300, check=False)
 
 
-def one_run(base: Path, name: str, job: str, rng: random.Random, expected: str) -> tuple[bool, str]:
+def one_run(base: Path, name: str, job: str, rng: random.Random, expected: list[str]) -> tuple[bool, str]:
     env = dict(os.environ, CKPTD_HOME=str(base / "home"))
     d = base / job
     d.mkdir()
     argv = [sys.executable, str(WORKLOADS / f"{name}.py"), *(a.format(dir=d) for a in ARGS[name])]
-    run(env, "ckptd", "launch", "--detach", "--job", job, "--", *argv)
+    ranks = ["--ranks", str(RANKS[name])] if name in RANKS else []
+    run(env, "ckptd", "launch", "--detach", "--job", job, *ranks, "--", *argv)
     time.sleep(rng.uniform(0.3, 2.0))
     p = run(env, "ckptctl", "checkpoint", job)
     if p.returncode != 0:
@@ -51,9 +73,10 @@ def one_run(base: Path, name: str, job: str, rng: random.Random, expected: str) 
     if p.returncode != 0:
         return False, f"restart failed: {p.stderr.strip()}"
     rc = run(env, "ckptctl", "wait", job, "--timeout", "120").returncode
-    got = run(env, "ckptctl", "logs", job, "--stream", "stdout").stdout
-    if got != expected:
-        return False, f"output differs (exit {rc})"
+    for rank, want in enumerate(expected):
+        got = run(env, "ckptctl", "logs", job, "--stream", "stdout", "--rank", str(rank)).stdout
+        if got != want:
+            return False, f"output differs (exit {rc})" + (f" for rank {rank}" if len(expected) > 1 else "")
     return True, "identical"
 
 
@@ -75,8 +98,7 @@ def main() -> int:
         for name in names:
             ref = base / f"ref-{name}"
             ref.mkdir()
-            argv = [sys.executable, str(WORKLOADS / f"{name}.py"), *(a.format(dir=ref) for a in ARGS[name])]
-            expected[name] = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=300).stdout
+            expected[name] = plain(name, ref)
         for i in range(args.rounds):
             for name in names:
                 ok, why = one_run(base, name, f"{name.replace('_', '-')}-{i}", rng, expected[name])

@@ -60,6 +60,32 @@ def test_interval_checkpoints_and_wait_across_restart(ckptd: Ckptd, counter: Pat
     assert ckptd.log("per") == run_plain([PYTHON, str(counter), "160"]).stdout
 
 
+def test_auto_restart_after_kill9_and_sigterm_preemption(ckptd: Ckptd, counter: Path) -> None:
+    """--auto-restart: a job SIGKILLed from outside comes back from its last
+    checkpoint with nobody calling restart.  SIGTERM to the foreground
+    launch takes a final checkpoint and stops the job (exit 143)."""
+    ckptd.launch("auto", [PYTHON, str(counter), "120"], "--auto-restart")
+    ckptd.wait_log("auto", r"^tick 20$")
+    ckptd.checkpoint("auto")
+    ckptd.wait_log("auto", r"^tick 40$")
+    ckptd.kill9("auto")
+    assert ckptd.wait("auto", timeout=120) == 0
+    st = ckptd.status("auto")
+    assert st["generation"] == 1 and st["state"] == "exited"
+    assert ckptd.log("auto") == run_plain([PYTHON, str(counter), "120"]).stdout
+
+    p = ckptd.popen_launch("term", [PYTHON, str(counter), "80"])
+    ckptd.wait_log("term", r"^tick 10$")
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 128 + signal.SIGTERM, err
+    assert "stopped after ckpt-000001" in err
+    assert ckptd.status("term")["state"] == "stopped"
+    ckptd.ctl("restart", "term")
+    assert ckptd.wait("term") == 0
+    assert ckptd.log("term") == run_plain([PYTHON, str(counter), "80"]).stdout
+
+
 def test_status_json_and_jobs(ckptd: Ckptd, counter: Path) -> None:
     ckptd.launch("js", [PYTHON, str(counter), "400"])
     ckptd.wait_log("js", r"^tick 2$")

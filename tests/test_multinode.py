@@ -199,6 +199,9 @@ def test_two_ranks_restart_on_a_third_node(three_nodes: MultiNode) -> None:
     info = m.checkpoint("dp2")
     m.wait_line("dp2", 1, b"step   70")
 
+    # one directory on shared storage: a whole checkpoint per rank, checksums verified
+    shown = json.loads(m.ctl("inspect", info["path"], "--verify", "--json").stdout)
+    assert shown["verified"] and sorted({p["rank"] for p in shown["processes"]}) == [0, 1]
     killed = m.cluster.kill_node("b")
     assert killed
     st = m.wait_state("dp2", ("lost", "failed"))

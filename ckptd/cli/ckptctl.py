@@ -215,7 +215,7 @@ def cmd_wait(args: argparse.Namespace) -> int:
         if st.state in ("exited", "killed", "stopped"):
             if args.json:
                 print_json(st)
-            return _job_exit(st)
+            return 128 + 15 if st.state == "stopped" else _job_exit(st)
         if st.state in ("failed", "lost") and told_failed != st.generation:
             told_failed = st.generation
             note(f"ckptctl: job {st.name} is {st.state} ({st.message}); waiting for a restart")
@@ -301,8 +301,17 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if args.verify:
         verify_files(path, manifest)
     procs: list[dict[str, Any]] = []
-    for p in manifest.get("processes", []):
-        procs.append(CoreImage.load(path / p["dir"] / "core.img").summary())
+    # a multi-node checkpoint: each rank's part is a checkpoint of its own
+    parts = [(path / r["dir"], load_manifest(path / r["dir"]), r) for r in manifest.get("ranks", [])]
+    if args.verify:
+        for sub, m, _ in parts:
+            verify_files(sub, m)
+    for sub, m, rank in parts or [(path, manifest, None)]:
+        for p in m.get("processes", []):
+            summary = CoreImage.load(sub / p["dir"] / "core.img").summary()
+            if rank is not None:
+                summary["rank"] = rank["rank"]
+            procs.append(summary)
     out = {
         "job": manifest["job"],
         "id": manifest["id"],
@@ -323,7 +332,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     )
     for p in procs:
         say(
-            f"  pid {p['pid']} (parent {p['ppid']}) {p['exe']}: {p['threads']} threads, {p['vmas']} mappings, "
+            (f"  rank {p['rank']}" if "rank" in p else "")
+            + f"  pid {p['pid']} (parent {p['ppid']}) {p['exe']}: {p['threads']} threads, {p['vmas']} mappings, "
             f"{human_bytes(p['pages_bytes'])} of pages"
         )
         for fd in p["fds"]:

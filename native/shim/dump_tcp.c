@@ -74,6 +74,16 @@ static int ioctl_int(int fd, unsigned long req)
     return ck_ioctl(fd, req, &v) < 0 ? -1 : v;
 }
 
+/* Leaving repair mode resets SO_REUSEADDR (the kernel sets sk_reuse to "no
+ * reuse"): the job's socket gets its own value back, or its port would stay
+ * taken after it closes (a restarted listener could not bind it again). */
+static void repair_off(int fd, int reuse)
+{
+    int off = -1; /* TCP_REPAIR_OFF_NO_WP: leave without a window probe */
+    ck_setsockopt(fd, SOL_TCP, TCP_REPAIR, &off, sizeof(off));
+    ck_setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &reuse, sizeof(reuse));
+}
+
 #define MAX_SETTLE_FDS 4096
 
 int ck_tcp_settle(int timeout_ms)
@@ -119,7 +129,7 @@ static int save_unsent(struct ck_image *im, struct ck_fd *f, int fd)
     int queued = ioctl_int(fd, SIOCOUTQ);
     if (queued < unsent || (uint32_t)queued > MAX_SNDQ)
         return ck_fail_fd(im, f->fd, "TCP socket with an unreadable send queue; retry the checkpoint", 0);
-    int on = 1;
+    int on = 1, reuse = opt_on(fd, SOL_SOCKET, SO_REUSEADDR);
     long rc = ck_setsockopt(fd, SOL_TCP, TCP_REPAIR, &on, sizeof(on));
     if (rc < 0)
         return ck_fail_fd(im, f->fd,
@@ -131,8 +141,7 @@ static int save_unsent(struct ck_image *im, struct ck_fd *f, int fd)
     long n = -ENOMEM;
     if (buf && (n = ck_setsockopt(fd, SOL_TCP, TCP_REPAIR_QUEUE, &q, sizeof(q))) == 0)
         n = ck_sc6(SYS_recvfrom, fd, (long)buf, queued, MSG_PEEK | MSG_DONTWAIT, 0, 0);
-    int off = -1;  /* TCP_REPAIR_OFF_NO_WP: leave repair mode without a window probe */
-    ck_setsockopt(fd, SOL_TCP, TCP_REPAIR, &off, sizeof(off));
+    repair_off(fd, reuse);
     if (n != queued)
         return ck_image_fail(im, "cannot read a TCP send queue in repair mode", 0, n < 0 ? n : -EIO);
     f->sndq_off = ck_table_bytes_append(&im->blob, buf + (queued - unsent), (size_t)unsent);
@@ -165,7 +174,7 @@ static long queue_seq(int fd, int queue, uint32_t *seq)
  */
 static int save_repair(struct ck_image *im, struct ck_fd *f, int fd, const struct tcp_info *ti)
 {
-    int on = 1, off = -1; /* off: TCP_REPAIR_OFF_NO_WP, leave without a window probe */
+    int on = 1, reuse = opt_on(fd, SOL_SOCKET, SO_REUSEADDR);
     if (ck_setsockopt(fd, SOL_TCP, TCP_REPAIR, &on, sizeof(on)) < 0)
         return ck_peek_queue(im, f, fd);
     int result = -1;
@@ -239,7 +248,7 @@ static int save_repair(struct ck_image *im, struct ck_fd *f, int fd, const struc
 out:;
     int none = TCP_NO_QUEUE;
     ck_setsockopt(fd, SOL_TCP, TCP_REPAIR_QUEUE, &none, sizeof(none));
-    ck_setsockopt(fd, SOL_TCP, TCP_REPAIR, &off, sizeof(off));
+    repair_off(fd, reuse);
     return result;
 }
 
