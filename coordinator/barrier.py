@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptd.errors import CkptdError, Code
+from ckptd.image.checksum import ALGORITHM, hash_file
 from ckptd.image.manifest import write_manifest
 from ckptd.rpc import call
 from ckptd.v1 import ckptd_pb2 as pb
@@ -243,7 +244,8 @@ class CheckpointRound:
             sub = dirs[t].name
             ranks.append({"rank": t.rank.rank, "node": t.node, "vip": t.rank.vip, "dir": sub})
             files.extend(dict(f, path=f"{sub}/{f['path']}") for f in m.get("files", []))
-            files.append({"path": f"{sub}/manifest.json", "size": (dirs[t] / "manifest.json").stat().st_size})
+            part = dirs[t] / "manifest.json"
+            files.append({"path": f"{sub}/manifest.json", "size": part.stat().st_size, ALGORITHM: hash_file(part)})
             for k in sizes:
                 sizes[k] += m["sizes"][k]
             processes.extend(dict(p, rank=t.rank.rank) for p in m["processes"])
