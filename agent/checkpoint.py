@@ -82,6 +82,9 @@ class Checkpointer:
         deadline = time.monotonic() + SHIM_REGISTRATION_WAIT_S
         while True:
             pids = [p for p in job.live_pids() if p not in known]
+            if not pids and not known and job.alive() and time.monotonic() < deadline:
+                time.sleep(0.05)  # just launched: its first process is still being made
+                continue
             with job.cond:
                 missing = [p for p in pids if p not in job.shims]
                 conns = [job.shims[p] for p in pids if p in job.shims]

@@ -267,6 +267,7 @@ class AgentNode:
                 )
         try:
             rank_net.enable_forwarding()
+            rank_net.reserve_vips([r.vip for r in rank.ranks])
             path = rank_net.create_rank_netns(self.node, rank.job, rank.rank, rank.vip, carrier)
             rank_net.set_job_routes(self.ip, [rank_net.RankAddress(r.rank, r.vip, r.node_ip) for r in remote])
         except (rank_net.RankNetError, OSError) as e:

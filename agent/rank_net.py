@@ -65,6 +65,11 @@ RANK_IFNAME = "eth0"
 RTPROT_CKPTD = 212
 # Lower priority than any real route (metric 0), so it only wins while there is none.
 BLACKHOLE_METRIC = 4242
+# Every VIP of a job this node takes part in: "unreachable" below everything
+# else, so a rank that is not up yet (a launch in progress) is answered with
+# ICMP host unreachable at once (connect() fails and the job retries) rather
+# than followed to the node's default gateway (a SYN lost in the network).
+RESERVED_METRIC = 4243
 
 _CAP_NET_ADMIN = 12
 _CAP_SYS_ADMIN = 21
@@ -383,6 +388,20 @@ def delete_rank_netns(node: str, job: str, rank: int) -> None:
             except OSError as e:
                 raise _fail(f"cannot remove network namespace {path}", e) from e
             log.info("rank %s/%s: removed netns %s", job, rank, path)
+
+
+def reserve_vips(vips: list[str]) -> None:
+    """An "unreachable" route for each VIP of the job, under the real ones."""
+    _require_caps()
+    with _lock:
+        try:
+            with _ipr() as ipr:
+                for vip in vips:
+                    _check_vip(vip)
+                    ipr.route("replace", dst=f"{vip}/32", type="unreachable", priority=RESERVED_METRIC,
+                              proto=RTPROT_CKPTD)  # fmt: skip
+        except (OSError, NetlinkError) as e:
+            raise _fail("cannot reserve the job's addresses", e) from e
 
 
 def set_job_routes(local_node_ip: str, ranks: list[RankAddress]) -> None:

@@ -61,7 +61,11 @@ def one_run(base: Path, name: str, job: str, rng: random.Random, expected: list[
     ranks = ["--ranks", str(RANKS[name])] if name in RANKS else []
     run(env, "ckptd", "launch", "--detach", "--job", job, *ranks, "--", *argv)
     time.sleep(rng.uniform(0.3, 2.0))
-    p = run(env, "ckptctl", "checkpoint", job)
+    for _ in range(5):  # a refusal that says "retry" (a connection being made, say) is retried, as a user would
+        p = run(env, "ckptctl", "checkpoint", job)
+        if p.returncode == 0 or "retry" not in p.stderr:
+            break
+        time.sleep(0.2)
     if p.returncode != 0:
         return False, f"checkpoint failed: {p.stderr.strip()}"
     time.sleep(rng.uniform(0.0, 0.6))
