@@ -389,11 +389,17 @@ def test_bad_input_keeps_job_and_checkpoints(three_nodes: MultiNode) -> None:
     # restart onto nodes that lack the job's files (its working directory)
     m.cluster.kill_node("b")
     m.wait_state("bad", ("lost", "failed"))
+    kept = m.checkpoints("bad")
+    # a node that is unreachable: a checkpoint says which, and changes nothing
+    p = m.ctl("checkpoint", "bad", check=False)
+    assert p.returncode in (4, 7), p.stderr
+    assert "not answering" in p.stderr or "is lost" in p.stderr or "not running" in p.stderr, p.stderr
+    assert m.checkpoints("bad") == kept
     shutil.move(str(work), str(m.dir / "elsewhere"))
     p = m.ctl("restart", "bad", "--on", "1=c", check=False)
     assert p.returncode == 4, p.stderr
     assert "working directory" in p.stderr and "does not exist" in p.stderr, p.stderr
-    assert m.checkpoints("bad")[-1]["name"] == m.checkpoints("bad")[-1]["name"]
+    assert m.checkpoints("bad") == kept
     shutil.move(str(m.dir / "elsewhere"), str(work))
     resp = json.loads(m.ctl("restart", "bad", "--on", "1=c", "--json").stdout)
     assert resp["checkpoint"]["id"] >= good["id"]
