@@ -108,12 +108,17 @@ def gap(c: Ckptd, job: str, log: Path) -> float:
     return float(wait_line(log, "max_gap_s", after=n).split()[1])
 
 
-def bench_size(base: Path, mib: int, procs: int = 1) -> dict[str, float]:
-    size = (mib << 20) * procs
+def raw_baseline(base: Path, size: int) -> tuple[float, float]:
+    """Raw sequential write and read bandwidth of `size` bytes in this directory."""
     raw = base / "raw.bin"
     w = raw_write(raw, size)
     r = raw_read(raw)
     raw.unlink()
+    return w, r
+
+
+def bench_size(base: Path, mib: int, procs: int = 1) -> dict[str, float]:
+    w, r = raw_baseline(base, (mib << 20) * procs)
 
     c = Ckptd(base / "home")
     job = f"bench-{procs}x{mib}"
@@ -168,11 +173,7 @@ def bench_size(base: Path, mib: int, procs: int = 1) -> dict[str, float]:
 
 def bench_ranks(base: Path, nranks: int, mib: int) -> dict[str, float]:
     """A job of nranks ranks of mib MiB each: checkpoint, pause, restart."""
-    size = (mib << 20) * nranks
-    raw = base / "raw.bin"
-    w = raw_write(raw, size)
-    r = raw_read(raw)
-    raw.unlink()
+    w, r = raw_baseline(base, (mib << 20) * nranks)
     c = Ckptd(base / "home")
     job = f"ranks-{nranks}x{mib}"
     ckpt_dir = base / "ckpt"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ipaddress
+
 AF_INET, AF_INET6 = 2, 10
 
 Endpoint = tuple[bytes, int]  # (IPv6 or v4-mapped address, port)
@@ -26,8 +28,6 @@ def show_endpoint(ep: Endpoint) -> str:
 
 def ip_sockaddr(address: str, port: int = 0) -> bytes:
     """A textual IPv4 or IPv6 address as raw sockaddr bytes (for endpoint())."""
-    import ipaddress
-
     ip = ipaddress.ip_address(address)
     if ip.version == 4:
         return AF_INET.to_bytes(2, "little") + port.to_bytes(2, "big") + ip.packed + b"\0" * 8

@@ -240,12 +240,12 @@ static long open_data(const struct line *l, int i)
     return fd;
 }
 
-/* raw bytes into a pipe or a stream socket, never blocking */
-static void op_write(const struct line *l)
+/* the saved bytes FILE OFF LEN (tokens i..i+2) into a pipe or a stream
+ * socket (or a TCP queue in repair mode), never blocking */
+static void put_bytes(int to, const struct line *l, int i, const char *why)
 {
-    int to = slot_fd(l, 1);
-    long in = open_data(l, 2);
-    uint64_t off = num(l, 3), left = num(l, 4);
+    long in = open_data(l, i);
+    uint64_t off = num(l, i + 1), left = num(l, i + 2);
     while (left) {
         uint64_t n = left > BOUNCE ? BOUNCE : left;
         rst_pread_all((int)in, bounce, n, off, "saved queue data is truncated");
@@ -256,13 +256,18 @@ static void op_write(const struct line *l)
             if (w == -EINTR)
                 continue;
             if (w <= 0)
-                rst_fail("cannot put queued bytes back (the queue is smaller than at checkpoint time?)", 0, w);
+                rst_fail(why, 0, w);
             done += (uint64_t)w;
         }
         off += n;
         left -= n;
     }
     ck_close((int)in);
+}
+
+static void op_write(const struct line *l)
+{
+    put_bytes(slot_fd(l, 1), l, 2, "cannot put queued bytes back (the queue is smaller than at checkpoint time?)");
 }
 
 /* uint32-length records, one message each */
@@ -542,23 +547,7 @@ static void op_repairq(const struct line *l)
     int fd = slot_fd(l, 1);
     int q = num(l, 2) == 1 ? TCP_RECV_QUEUE : TCP_SEND_QUEUE;
     set_repair(fd, TCP_REPAIR_QUEUE, &q, sizeof(q), "TCP_REPAIR_QUEUE");
-    long in = open_data(l, 3);
-    uint64_t off = num(l, 4), left = num(l, 5);
-    while (left) {
-        uint64_t n = left > BOUNCE ? BOUNCE : left;
-        rst_pread_all((int)in, bounce, n, off, "saved queue data is truncated");
-        for (uint64_t done = 0; done < n;) {
-            long w = ck_sendto(fd, bounce + done, n - done, MSG_DONTWAIT, 0, 0);
-            if (w == -EINTR)
-                continue;
-            if (w <= 0)
-                rst_fail("cannot put a TCP queue back in repair mode", 0, w);
-            done += (uint64_t)w;
-        }
-        off += n;
-        left -= n;
-    }
-    ck_close((int)in);
+    put_bytes(fd, l, 3, "cannot put a TCP queue back in repair mode");
 }
 
 static void op_repairoff(const struct line *l)
