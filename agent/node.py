@@ -88,6 +88,7 @@ class AgentNode:
             return False
         if self._coordinator_instance and reply.instance != self._coordinator_instance:
             self._abandon_rounds("the coordinator restarted")
+            self._drop_held("the coordinator restarted during its restart")
         self._coordinator_instance = reply.instance
         for job in list(self.jobs.values()):
             self._queue_event(job.status())
@@ -143,6 +144,15 @@ class AgentNode:
             with contextlib.suppress(CkptdError):
                 log.warning("job %s: abandoning its checkpoint round: %s", name, why)
                 self.checkpointer.abort(self.get(name))
+
+    def _drop_held(self, why: str) -> None:
+        """Ranks rebuilt for a restart that its coordinator forgot: none may run
+        alone, so they go (the job is failed and can be restarted again)."""
+        for name in list(self.held):
+            self.held.pop(name, None)
+            with contextlib.suppress(CkptdError):
+                log.warning("job %s: dropping its rebuilt processes: %s", name, why)
+                self.get(name).kill(requested=False)
 
     def _on_change(self, job: JobRuntime) -> None:
         if job.netns and job.state not in RUNNING_STATES:

@@ -355,11 +355,12 @@ class JobRuntime:
         with contextlib.suppress(ProcessLookupError):
             os.kill(main, sig)
 
-    def kill(self, stop_reason: str = "") -> None:
+    def kill(self, stop_reason: str = "", requested: bool = True) -> None:
         """Kill the whole incarnation: SIGKILL to the reaper ends the namespace.
-        With a stop_reason the job ends as "stopped" (preemption), not "killed"."""
+        With a stop_reason the job ends as "stopped" (preemption), not
+        "killed"; not requested, it ends as "failed" (and can be restarted)."""
         with self.cond:
-            self.kill_requested = True
+            self.kill_requested = requested
             self.stop_reason = stop_reason
         init = self._init_process()
         if init is None:

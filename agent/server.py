@@ -96,7 +96,7 @@ class AgentService(pb_grpc.AgentServicer):
             return pb.Empty()
         if job.name in self.node.held:  # a held restore that will not go on: it must not run alone
             self.node.held.pop(job.name, None)
-            job.kill()
+            job.kill(requested=False)  # failed, like the restart: a new one can be tried
             job.wait_ended(10)
             return pb.Empty()
         self.node.checkpointer.abort(job)

@@ -67,6 +67,16 @@ class CkptdError(Exception):
             code = Code(status)
         except ValueError:
             code = Code.INTERNAL
-        if status == grpc.StatusCode.UNAVAILABLE and what:
+        answered = any(k == "ckptd-answered" for k, _ in (_trailers(err) or ()))
+        if status == grpc.StatusCode.UNAVAILABLE and what and not answered:
             details = f"{what} is unreachable ({details})"
         return cls(code, details or str(status))
+
+
+def _trailers(err: grpc.RpcError) -> tuple[tuple[str, str], ...] | None:
+    """The trailing metadata of a failed call, when the error carries any."""
+    fn = getattr(err, "trailing_metadata", None)
+    try:
+        return tuple(fn()) if fn else None
+    except Exception:
+        return None

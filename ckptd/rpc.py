@@ -62,8 +62,14 @@ def reachable(address: str, timeout: float = 1.0) -> bool:
         ch.close()
 
 
+ANSWERED = "ckptd-answered"
+
+
 def _abort(context: grpc.ServicerContext, name: str, exc: BaseException) -> None:
     if isinstance(exc, CkptdError):
+        # marked as ckptd's own answer: an UNAVAILABLE from here is about a
+        # node behind the service, not the service itself
+        context.set_trailing_metadata(((ANSWERED, "1"),))
         context.abort(exc.code.value, exc.message)
     log.exception("%s failed", name)
     context.abort(Code.INTERNAL.value, f"internal error in {name}: {exc!r} (see the daemon log)")

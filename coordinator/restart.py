@@ -134,27 +134,10 @@ def restart_job(
         record.op_lock.release()
 
 
-def _live_rank_status(nodes: NodeRegistry, name: str, rank: RankRecord) -> pb.JobStatus:
-    try:
-        node = nodes.get(rank.node)
-    except CkptdError:
-        return pb.JobStatus(name=name, state="lost")
-    if not node.alive or node.stub is None:
-        return pb.JobStatus(name=name, state="lost")
-    try:
-        return call(node.stub.GetJob, pb.AgentJobRequest(job=name), 10, f"agent on {node.name}")
-    except CkptdError as e:
-        if e.code in (Code.NOT_FOUND, Code.UNAVAILABLE, Code.DEADLINE_EXCEEDED):
-            # a node whose agent does not answer is as good as dead (its
-            # heartbeats stop a few seconds later)
-            return pb.JobStatus(name=name, state="lost", message=f"node {rank.node}: {e.message}")
-        raise
-
-
 def _stop_ranks(record: JobRecord, nodes: NodeRegistry, force: bool) -> set[str]:
     """A job whose ranks all run is only restarted with force; one that lost a
     rank cannot go on, and its surviving ranks are stopped first."""
-    live = {r.rank: _live_rank_status(nodes, agent_job_name(record.name, r.rank), r) for r in record.ranks}
+    live = {r.rank: nodes.rank_status(agent_job_name(record.name, r.rank), r.node, r.status) for r in record.ranks}
     view = [RankRecord(r.rank, r.node, r.vip, live[r.rank]) for r in record.ranks]
     job = aggregate(record.name, view)
     unreachable = {r.node for r in view if r.status.state == "lost" and r.status.message}
@@ -253,7 +236,7 @@ def _restart_ranks(
         # every rank is rebuilt: links up and run, all together
         list(pool.map(lambda r: release(r, "Resume"), ranks))
     for r in ranks:
-        registry.update(record, _live_rank_status(nodes, agent_job_name(record.name, r.rank), r), r.node, r)
+        registry.update(record, nodes.rank_status(agent_job_name(record.name, r.rank), r.node, r.status), r.node, r)
     registry.save(record)
     log.info(
         "job %s restarted from %s: %s", record.name, checkpoint.name, ", ".join(f"{r.rank}={r.node}" for r in ranks)

@@ -72,29 +72,19 @@ class Coordinator:
         resp.status.CopyFrom(self.status(record))
         return resp
 
-    def _rank_status(self, record: JobRecord, rank: RankRecord) -> pb.JobStatus:
-        try:
-            node = self.nodes.get(rank.node)
-        except CkptdError:
-            node = None
+    def _rank_status(self, rank: RankRecord) -> pb.JobStatus:
         with self.registry.lock:
             last = pb.JobStatus()
             last.CopyFrom(rank.status)
-        if last.state not in RUNNING:
-            return last
-        if node is None or not node.alive or node.stub is None:
-            return pb.JobStatus(name=last.name, state="lost", message=f"node {rank.node} is not answering")
         try:
-            return call(node.stub.GetJob, pb.AgentJobRequest(job=last.name), 5, f"agent on {node.name}")
-        except CkptdError as e:
-            if e.code is Code.NOT_FOUND:
-                return pb.JobStatus(name=last.name, state="lost", message=f"node {rank.node} no longer has it")
+            return self.nodes.rank_status(last.name, rank.node, last)
+        except CkptdError:
             return last
 
     def _multi_status(self, record: JobRecord) -> pb.JobStatus:
         ranks = record.ranks
         with ThreadPoolExecutor(max_workers=min(len(ranks), 8)) as pool:
-            live = list(pool.map(lambda r: self._rank_status(record, r), ranks))
+            live = list(pool.map(self._rank_status, ranks))
         view = [RankRecord(r.rank, r.node, r.vip, st) for r, st in zip(ranks, live, strict=True)]
         st = aggregate(record.name, view)
         with self.registry.lock:

@@ -85,6 +85,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
         sys.stdout.write(job + "\n")
         return 0
 
+    preempting: list[threading.Thread] = []
+
     def preempt() -> None:
         """SIGTERM (a spot reclaim, a maintenance drain): a final checkpoint,
         then the job stops; `ckptctl restart` resumes it later."""
@@ -105,7 +107,9 @@ def cmd_launch(args: argparse.Namespace) -> int:
                 note(f"ckptd: could not forward signal {signum}: {e.message}")
 
         if signum == signal.SIGTERM and args.sigterm == "checkpoint":
-            threading.Thread(target=preempt, daemon=True).start()
+            t = threading.Thread(target=preempt, daemon=True)
+            preempting.append(t)
+            t.start()
             return
         threading.Thread(target=send, daemon=True).start()
 
@@ -118,6 +122,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
     try:
         for chunk in agent.FollowOutput(pb.FollowOutputRequest(job=followed, offset=0, follow=True)):
             if chunk.end:
+                for t in preempting:  # the job stopped for it: let it say so
+                    t.join(timeout=60)
                 if multi:  # rank 0's output ended: the job ends with its last rank
                     return exit_status(_wait_ranks(coord, job, chunk.status))
                 return exit_status(chunk.status)
