@@ -13,6 +13,7 @@ from ckptd.errors import CkptdError
 from ckptd.v1 import ckptd_pb2 as pb
 
 from .jobs import JobRecord, JobRegistry
+from .nodes import DEAD_AFTER_S
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,9 @@ class IntervalScheduler:
                 self._busy.discard(record.name)
 
 
+STARTUP_GRACE_S = 3 * DEAD_AFTER_S
+
+
 class AutoRestarter:
     """Jobs launched with --auto-restart come back from their latest committed
     checkpoint on their own when a rank dies or its node stops answering:
@@ -74,6 +78,7 @@ class AutoRestarter:
     def __init__(self, coordinator: Any) -> None:
         self.c = coordinator
         self._stop = threading.Event()
+        self._started = time.monotonic()
 
     def start(self) -> None:
         threading.Thread(target=self._loop, name="auto-restart", daemon=True).start()
@@ -99,6 +104,8 @@ class AutoRestarter:
         status = self.c.status(record)
         if status.state not in ("failed", "lost") or not status.checkpoints:
             return
+        if status.state == "lost" and time.monotonic() - self._started < STARTUP_GRACE_S:
+            return  # a coordinator that just started has not heard from the agents yet
         record.last_auto_restart = time.monotonic()
         log.info("auto-restart: job %s is %s (%s); restarting from its last checkpoint", record.name,
                  status.state, status.message)  # fmt: skip
