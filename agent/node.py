@@ -155,8 +155,12 @@ class AgentNode:
                 self.get(name).kill(requested=False)
 
     def _on_change(self, job: JobRuntime) -> None:
-        if job.netns and job.state not in RUNNING_STATES:
+        with self.lock:
+            current = self.jobs.get(job.name) is job
+        if job.netns and job.state not in RUNNING_STATES and current:
             # the rank's processes are gone: so is its address on this node
+            # (unless a restore already made the namespace again, under the
+            # same name, for the rank's next incarnation)
             rank = job.spec.rank
             with contextlib.suppress(rank_net.RankNetError, OSError):
                 rank_net.delete_rank_netns(self.node, rank.job, rank.rank)

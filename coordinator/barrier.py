@@ -186,6 +186,11 @@ class CheckpointRound:
             raise
         if self.then_stop:
             self._stop(stubs, final.name)
+        spec = record.spec
+        if spec.keep_last or spec.keep_every:  # retention, still under the job's lock: no restart reads them
+            removed = self.catalog.prune(job, job_dir, spec.keep_last, spec.keep_every)
+            if removed:
+                log.info("job %s: retention removed %s", job, ", ".join(removed))
         record.last_checkpoint_at = time.monotonic()
         info = info_from_manifest(job, final)
         log.info(

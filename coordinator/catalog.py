@@ -24,6 +24,7 @@ from ckptd.v1 import ckptd_pb2 as pb
 log = logging.getLogger(__name__)
 
 TMP_PREFIX = "." + CHECKPOINT_PREFIX
+DELETING = ".del-"  # .ckpt-N.del-XXXX: a pruned checkpoint on its way out
 
 
 def storage_error(e: OSError, path: Path) -> CkptdError:
@@ -117,12 +118,38 @@ class Catalog:
     def discard(tmp: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
+    def prune(self, job: str, job_dir: JobDir, keep_last: int, keep_every: int) -> list[str]:
+        """Remove the committed checkpoints a retention policy does not keep:
+        the last keep_last, every keep_every-th id, and always the newest.
+        Each goes by a rename first (atomic: never half a checkpoint under
+        its committed name), then its files.  Returns the names removed."""
+        ids = [c.id for c in self.list(job, job_dir)]
+        keep = set(ids[-keep_last:]) if keep_last else set(ids)
+        if keep_every:
+            keep |= {i for i in ids if i % keep_every == 0}
+        keep |= set(ids[-1:])
+        removed = []
+        for ckpt_id in ids:
+            if ckpt_id in keep:
+                continue
+            path = job_dir.checkpoint(ckpt_id)
+            doomed = job_dir.path / f".{path.name}{DELETING}{secrets.token_hex(4)}"
+            try:
+                os.rename(path, doomed)
+            except OSError as e:
+                raise storage_error(e, job_dir.path) from e
+            self.discard(doomed)
+            removed.append(path.name)
+        if removed:
+            fsync_path(job_dir.path)
+        return removed
+
     def remove_stale(self, job_dir: JobDir) -> None:
         try:
             names = os.listdir(job_dir.path)
         except FileNotFoundError:
             return
         for name in names:
-            if name.startswith(TMP_PREFIX) and ".tmp-" in name:
-                log.info("removing unfinished checkpoint %s/%s", job_dir.path, name)
+            if name.startswith(TMP_PREFIX) and (".tmp-" in name or DELETING in name):
+                log.info("removing unfinished or pruned checkpoint %s/%s", job_dir.path, name)
                 self.discard(job_dir.path / name)

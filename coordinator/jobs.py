@@ -89,6 +89,7 @@ class JobRegistry:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.lock = threading.Lock()
         self.changed = threading.Condition(self.lock)
+        self._save_lock = threading.Lock()
         self.jobs: dict[str, JobRecord] = {}
         self._load()
 
@@ -136,9 +137,12 @@ class JobRegistry:
         if record.ranks:
             data["ranks"] = [{"rank": r.rank, "node": r.node, "vip": r.vip} for r in record.ranks]
             data["vip_slot"] = record.vip_slot
-        tmp = self._file(record.name).with_suffix(".tmp")
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-        os.replace(tmp, self._file(record.name))
+        # callers hold the registry lock or not (a restart, a final checkpoint):
+        # writes of one file take turns, each through its own temporary file
+        with self._save_lock:
+            tmp = self._file(record.name).with_suffix(f".tmp-{threading.get_ident()}")
+            tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+            os.replace(tmp, self._file(record.name))
 
     def add(self, spec: pb.JobSpec, node: str, ranks: list[RankRecord] | None = None, vip_slot: int = 0) -> JobRecord:
         with self.lock:

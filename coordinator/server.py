@@ -295,6 +295,22 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         return self.c.status(record)
 
     @rpc_method
+    def Prune(self, request: pb.PruneRequest, context: grpc.ServicerContext) -> pb.ListCheckpointsResponse:
+        record = self.c.registry.get(request.job)
+        if not request.keep_last and not request.keep_every:
+            raise CkptdError(Code.INVALID_ARGUMENT, "say what to keep: --keep N and/or --keep-every K")
+        if not record.op_lock.acquire(blocking=False):
+            raise CkptdError(
+                Code.ABORTED, f"a checkpoint or restart of job {record.name} is in progress; prune when it is done"
+            )
+        try:
+            removed = self.c.catalog.prune(record.name, record.job_dir, request.keep_last, request.keep_every)
+        finally:
+            record.op_lock.release()
+        log.info("job %s: pruned %s", record.name, ", ".join(removed) or "nothing")
+        return pb.ListCheckpointsResponse(checkpoints=self.c.catalog.list(record.name, record.job_dir))
+
+    @rpc_method
     def SignalJob(self, request: pb.SignalRequest, context: grpc.ServicerContext) -> pb.JobStatus:
         record = self.c.registry.get(request.job)
         for t in record.targets():

@@ -86,6 +86,29 @@ def test_auto_restart_after_kill9_and_sigterm_preemption(ckptd: Ckptd, counter: 
     assert ckptd.log("term") == run_plain([PYTHON, str(counter), "80"]).stdout
 
 
+def test_retention_keeps_last_and_milestones(ckptd: Ckptd, counter: Path) -> None:
+    """--keep 2 --keep-every 3: after each commit the last two checkpoints and
+    every third one stay; `ckptctl prune` applies a policy by hand; a pruned
+    checkpoint is a clear error for restart, and the kept ones restore."""
+    ckptd.launch("ret", [PYTHON, str(counter), "150"], "--keep", "2", "--keep-every", "3")
+    for n in range(7):
+        ckptd.wait_log("ret", rf"^tick {5 + 5 * n}$")
+        ckptd.checkpoint("ret")
+    assert [c["id"] for c in ckptd.ctl_json("list", "ret")] == [3, 6, 7]
+    job_dir = Path(ckptd.ctl_json("list", "ret")[0]["path"]).parent
+    assert sorted(p.name for p in job_dir.iterdir() if p.name.startswith(".")) == []  # nothing half-deleted
+    assert ckptd.ctl("prune", "ret", "--keep", "0", check=False).returncode == 2
+    assert ckptd.ctl("prune", "ret", check=False).returncode == 2
+    kept = ckptd.ctl_json("prune", "ret", "--keep", "1", "--keep-every", "6")
+    assert [c["id"] for c in kept] == [6, 7]
+    ckptd.kill9("ret")
+    p = ckptd.ctl("restart", "ret", "--from", "3", check=False)
+    assert p.returncode == 3 and "has no checkpoint 3" in p.stderr, p.stderr
+    ckptd.ctl("restart", "ret", "--from", "6")
+    assert ckptd.wait("ret") == 0
+    assert ckptd.log("ret") == run_plain([PYTHON, str(counter), "150"]).stdout
+
+
 def test_status_json_and_jobs(ckptd: Ckptd, counter: Path) -> None:
     ckptd.launch("js", [PYTHON, str(counter), "400"])
     ckptd.wait_log("js", r"^tick 2$")

@@ -119,7 +119,15 @@ class MultiNode:
             if st.get("state") in states:
                 return st
             time.sleep(0.3)
-        raise AssertionError(f"job {job} never became {states}: {st}")
+        ranks = [(r["rank"], r["node"], r["state"], r.get("message", "")) for r in st.get("ranks", [])]
+        raise AssertionError(f"job {job} never became {states}: {st.get('state')} {ranks}\n{self.tails(job)}")
+
+    def tails(self, job: str) -> str:
+        """The end of every rank's output (stdout and stderr), for failure messages."""
+        out = []
+        for log in sorted((self.storage / job).glob("rank-*/output.log")):
+            out.append(f"--- {log.parent.name}:\n" + log.read_bytes()[-1500:].decode(errors="replace"))
+        return "\n".join(out)
 
     def rank_output(self, job: str, rank: int) -> bytes:
         from ckptd.agent.output import LogFollower

@@ -19,7 +19,7 @@ import grpc
 
 from ckptd import __version__
 from ckptd.daemon import coordinator_address
-from ckptd.errors import EXIT_FAILED, CkptdError, Code
+from ckptd.errors import EXIT_FAILED, EXIT_USAGE, CkptdError, Code
 from ckptd.paths import Home
 from ckptd.rpc import agent_stub, call, coordinator_stub
 from ckptd.v1 import ckptd_pb2 as pb
@@ -189,6 +189,20 @@ def cmd_restart(args: argparse.Namespace) -> int:
             f"job {resp.status.name} restarted from {resp.checkpoint.name} on {where} "
             f"in {resp.duration_s:.2f} s (pids {pids}); output goes to {resp.status.log_path}"
         )
+    return 0
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    for flag, value in (("--keep", args.keep), ("--keep-every", args.keep_every)):
+        if value is not None and value < 1:
+            note(f"error: {flag} must be at least 1")
+            return EXIT_USAGE
+    req = pb.PruneRequest(job=args.job, keep_last=args.keep or 0, keep_every=args.keep_every or 0)
+    resp = call(_coordinator().Prune, req, LONG_RPC_S, "coordinator")
+    if args.json:
+        print_json(list(resp.checkpoints))
+    else:
+        say(f"job {args.job} keeps {', '.join(c.name for c in resp.checkpoints) or 'no checkpoint'}")
     return 0
 
 
@@ -403,6 +417,11 @@ def parser() -> argparse.ArgumentParser:
         "--allow-changed-files", action="store_true",
         help="continue even if files the job reads changed since the checkpoint",
     )  # fmt: skip
+    pr = add("prune", cmd_prune, "remove checkpoints beyond a retention policy (the newest is always kept)")
+    pr.add_argument("--keep", type=int, metavar="N", help="keep the last N checkpoints")
+    pr.add_argument(
+        "--keep-every", type=int, metavar="K", help="also keep every checkpoint whose id is a multiple of K"
+    )
     add("kill", cmd_kill, "kill a job (all its processes)")
     w = add("wait", cmd_wait, "wait until the job finishes, across restarts; exits with its status")
     w.add_argument("--timeout", type=float, metavar="SECONDS", help="give up after this long (exit 124)")

@@ -58,6 +58,10 @@ def cmd_launch(args: argparse.Namespace) -> int:
     if args.interval is not None and args.interval <= 0:
         note("error: --interval must be a positive number of seconds")
         return EXIT_USAGE
+    for flag, value in (("--keep", args.keep), ("--keep-every", args.keep_every)):
+        if value is not None and value < 1:
+            note(f"error: {flag} must be at least 1")
+            return EXIT_USAGE
     if args.ranks is not None and args.ranks < 1:
         note("error: --ranks must be at least 1")
         return EXIT_USAGE
@@ -74,6 +78,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
         nranks=args.ranks or 0,
         nodes=[n for n in (args.nodes or "").split(",") if n],
         auto_restart=args.auto_restart,
+        keep_last=args.keep or 0,
+        keep_every=args.keep_every or 0,
     )
     multi = bool(spec.nranks or spec.nodes)
     node = "" if multi else args.node or (default_node() if os.environ.get("CKPTD_COORDINATOR") else "")
@@ -188,6 +194,11 @@ def parser() -> argparse.ArgumentParser:
     launch.add_argument("--job", help="job name (default: generated, printed on stderr)")
     launch.add_argument("--ckpt-dir", help="where checkpoints go (default $CKPTD_HOME/checkpoints)")
     launch.add_argument("--interval", type=float, metavar="SECONDS", help="take a checkpoint this often")
+    launch.add_argument("--keep", type=int, metavar="N", help="retention: keep the last N checkpoints (default: all)")
+    launch.add_argument(
+        "--keep-every", type=int, metavar="K",
+        help="retention: also keep every checkpoint whose id is a multiple of K (milestones)",
+    )  # fmt: skip
     launch.add_argument("--node", help="run on this node (default: this machine's agent)")
     launch.add_argument(
         "--ranks", type=int, metavar="N",
