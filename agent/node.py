@@ -18,7 +18,7 @@ from ckptd.v1 import ckptd_pb2 as pb
 from . import rank_net
 from .checkpoint import Checkpointer
 from .health import node_health
-from .restore import restore_job, verify_checkpoint
+from .restore import restore_job, resume_restored, verify_checkpoint
 from .runtime import RUNNING_STATES, Incarnation, JobRuntime, job_dir_of, spec_from_json, spec_to_json
 from .shim_link import ShimConnection, ShimServer
 
@@ -340,13 +340,7 @@ class AgentNode:
                 rank_net.set_carrier(self.node, job.spec.rank.job, job.spec.rank.rank, True)
             except (rank_net.RankNetError, OSError) as e:
                 raise CkptdError(Code.INTERNAL, f"cannot bring job {job.name}'s link up: {e}") from e
-        for conn in conns:
-            conn.request("RESUME", timeout=30)
-        with job.cond:
-            job.state = "running"
-            job.message = f"restored from {job.incarnation.restored_from if job.incarnation else '?'}"
-            job.operation = ""
-            job.cond.notify_all()
+        resume_restored(job, conns, job.incarnation.restored_from if job.incarnation else "?")
         self._on_change(job)
         return True
 

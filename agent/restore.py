@@ -248,7 +248,12 @@ def restore_job(
         with job.cond:
             job.operation = f"restart from {name}: rebuilt, waiting for the other ranks"
         return conns
-    # every process is rebuilt and parked: they run again together
+    resume_restored(job, conns, name)
+    return None
+
+
+def resume_restored(job: JobRuntime, conns: list[ShimConnection], name: str) -> None:
+    """Every process is rebuilt and parked: they run again together."""
     for conn in conns:
         conn.request("RESUME", timeout=30)
     with job.cond:
@@ -256,7 +261,6 @@ def restore_job(
         job.message = f"restored from {name}"
         job.operation = ""
         job.cond.notify_all()
-    return None
 
 
 def _restore_failure(runtime_dir: Path) -> str:

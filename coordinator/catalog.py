@@ -24,7 +24,8 @@ from ckptd.v1 import ckptd_pb2 as pb
 log = logging.getLogger(__name__)
 
 TMP_PREFIX = "." + CHECKPOINT_PREFIX
-DELETING = ".del-"  # .ckpt-N.del-XXXX: a pruned checkpoint on its way out
+DELETING = ".del-"
+Names = list[str]  # (inside Catalog, "list" is its method)  # .ckpt-N.del-XXXX: a pruned checkpoint on its way out
 
 
 def storage_error(e: OSError, path: Path) -> CkptdError:
@@ -118,7 +119,7 @@ class Catalog:
     def discard(tmp: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
-    def prune(self, job: str, job_dir: JobDir, keep_last: int, keep_every: int) -> list[str]:
+    def prune(self, job: str, job_dir: JobDir, keep_last: int, keep_every: int) -> Names:
         """Remove the committed checkpoints a retention policy does not keep:
         the last keep_last, every keep_every-th id, and always the newest.
         Each goes by a rename first (atomic: never half a checkpoint under
@@ -128,7 +129,7 @@ class Catalog:
         if keep_every:
             keep |= {i for i in ids if i % keep_every == 0}
         keep |= set(ids[-1:])
-        removed = []
+        removed: Names = []
         for ckpt_id in ids:
             if ckpt_id in keep:
                 continue

@@ -12,7 +12,11 @@ A classic job (no --ranks) has no RankRecord: one tree, the node's network.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from ckptd.errors import CkptdError, Code
 from ckptd.v1 import ckptd_pb2 as pb
@@ -42,6 +46,27 @@ class Target:
     @property
     def label(self) -> str:
         return f"rank {self.rank.rank} on {self.node}" if self.rank else f"node {self.node}"
+
+
+T = TypeVar("T")
+
+
+def on_every_rank(
+    ranks: list[RankRecord], do: Callable[[RankRecord], T], undo: Callable[[RankRecord], object]
+) -> list[T]:
+    """do(rank) on every rank at once.  All or none: if any fails, undo the
+    ranks where it succeeded (no rank may run without the others) and raise
+    the first error."""
+    with ThreadPoolExecutor(max_workers=min(len(ranks), 16)) as pool:
+        futures = [pool.submit(do, r) for r in ranks]
+        errors = [e for f in futures if (e := f.exception()) is not None]
+        if errors:
+            for r, f in zip(ranks, futures, strict=True):
+                if f.exception() is None:
+                    with contextlib.suppress(CkptdError):
+                        undo(r)
+            raise errors[0]
+    return [f.result() for f in futures]
 
 
 def agent_job_name(job: str, rank: int) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -17,7 +16,7 @@ from .barrier import LONG_RPC_S
 from .catalog import Catalog
 from .jobs import JobRecord, JobRegistry
 from .nodes import Node, NodeRegistry
-from .ranks import RUNNING, RankRecord, agent_job_name, aggregate, apply_placement, rank_spec
+from .ranks import RUNNING, RankRecord, agent_job_name, aggregate, apply_placement, on_every_rank, rank_spec
 
 log = logging.getLogger(__name__)
 
@@ -223,17 +222,9 @@ def _restart_ranks(
         req = pb.ResumeRequest(job=agent_job_name(record.name, r.rank))
         return call(getattr(stub, method), req, 60, f"agent on {r.node}")
 
+    on_every_rank(ranks, restore, lambda r: release(r, "Abort"))
+    # every rank is rebuilt: links up and run, all together
     with ThreadPoolExecutor(max_workers=min(len(ranks), 16)) as pool:
-        futures = [pool.submit(restore, r) for r in ranks]
-        errors = [e for f in futures if (e := f.exception()) is not None]
-        if errors:
-            # no rank may run without the others: the rebuilt ones are dropped
-            for r, f in zip(ranks, futures, strict=True):
-                if f.exception() is None:
-                    with contextlib.suppress(CkptdError):
-                        release(r, "Abort")
-            raise errors[0]
-        # every rank is rebuilt: links up and run, all together
         list(pool.map(lambda r: release(r, "Resume"), ranks))
     for r in ranks:
         registry.update(record, nodes.rank_status(agent_job_name(record.name, r.rank), r.node, r.status), r.node, r)

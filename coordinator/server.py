@@ -24,7 +24,7 @@ from .catalog import Catalog
 from .jobs import RUNNING, TERMINAL, JobRecord, JobRegistry, check_name, new_job_name, now_rfc3339
 from .nodes import HEARTBEAT_S, NodeRegistry
 from .policy import AutoRestarter, IntervalScheduler
-from .ranks import MAX_RANKS, RankRecord, aggregate, free_slot, rank_spec, spread, vip
+from .ranks import MAX_RANKS, RankRecord, agent_job_name, aggregate, free_slot, on_every_rank, rank_spec, spread, vip
 from .restart import restart_job
 
 log = logging.getLogger(__name__)
@@ -233,19 +233,19 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                 f"agent on {rank.node}",
             )
 
-        with ThreadPoolExecutor(max_workers=min(len(ranks), 8)) as pool:
-            futures = [pool.submit(start, r) for r in ranks]
-            errors = [e for f in futures if (e := f.exception()) is not None]
-        if errors:
-            for r, f in zip(ranks, futures, strict=True):
-                if f.exception() is None:
-                    with contextlib.suppress(CkptdError):
-                        stub = self.c.nodes.live_stub(r.node, spec.name)
-                        call(stub.SignalJob, pb.SignalRequest(job=f"{spec.name}@{r.rank}", signal=9), 30, "agent")
+        def kill(rank: RankRecord) -> object:
+            stub = self.c.nodes.live_stub(rank.node, spec.name)
+            return call(
+                stub.SignalJob, pb.SignalRequest(job=agent_job_name(spec.name, rank.rank), signal=9), 30, "agent"
+            )
+
+        try:
+            started = on_every_rank(ranks, start, kill)
+        except CkptdError:
             self.c.registry.remove(spec.name)
-            raise errors[0]
-        for r, f in zip(ranks, futures, strict=True):
-            self.c.registry.update(record, f.result(), r.node, r)
+            raise
+        for r, st in zip(ranks, started, strict=True):
+            self.c.registry.update(record, st, r.node, r)
         node0 = self.c.nodes.get(ranks[0].node)
         log.info("job %s: %d ranks on %s", spec.name, len(ranks), ", ".join(r.node for r in ranks))
         return pb.LaunchJobResponse(
