@@ -223,6 +223,10 @@ class JobRuntime:
         cwd = self.spec.cwd or "/"
         if not os.path.isdir(cwd):
             raise CkptdError(Code.FAILED_PRECONDITION, f"the job's working directory {cwd} does not exist on this node")
+        with self.cond:
+            # before the processes start: their shims say HELLO as soon as they
+            # run, maybe before Popen returns here
+            self.shims = {}
         with open(rt / "init.log", "ab") as err:
             try:
                 popen = subprocess.Popen(
@@ -254,7 +258,6 @@ class JobRuntime:
             self.exit = None
             self.kill_requested = False
             self.stop_reason = ""
-            self.shims = {}
             self.state = "restoring" if restore else "running"
             self.message = f"restoring from {restored_from}" if restore else ""
             self.cond.notify_all()

@@ -36,7 +36,8 @@ DP = str(WORKLOADS / "dp_sgd.py")
 
 
 class MultiNode:
-    """A coordinator and one agent per node, driven through the CLI."""
+    """A coordinator and one agent per node, driven through the CLI.
+    CKPTD_KEEP_TEST_DIRS=1 keeps its directory (logs, storage) after the test."""
 
     def __init__(self, names: list[str]) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="ckmn-"))  # short: Unix socket paths
@@ -155,7 +156,8 @@ class MultiNode:
             self.coordinator.kill()
             self.coordinator.wait()
         self.cluster.teardown()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        if not os.environ.get("CKPTD_KEEP_TEST_DIRS"):
+            shutil.rmtree(self.dir, ignore_errors=True)
 
 
 @pytest.fixture
