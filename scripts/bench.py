@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -117,6 +118,32 @@ def raw_baseline(base: Path, size: int) -> tuple[float, float]:
     return w, r
 
 
+def kill_and_restart(c: Ckptd, job: str, info: dict, alive: Callable[[], object]) -> dict[str, float]:
+    """SIGKILL the job, evict its checkpoint from the page cache, time the
+    restart, check it runs (alive), and remove it; the checkpoint's and the
+    restart's figures."""
+    for pid in c.json("ckptctl", "status", job)["pids"]:
+        os.kill(pid, signal.SIGKILL)
+    while c.json("ckptctl", "status", job)["state"] in ("running", "checkpointing"):
+        time.sleep(0.05)
+    evict(Path(info["path"]))
+    restart_s = float(c.json("ckptctl", "restart", job)["duration_s"])
+    time.sleep(0.5)
+    alive()
+    c.run("ckptctl", "kill", job)
+    shutil.rmtree(Path(info["path"]))
+    image = int(info["size_bytes"])
+    ckpt_s = float(info["duration_s"])  # request to commit, as the coordinator timed it
+    return {
+        "ckpt_s": ckpt_s,
+        "stall_s": float(info["stall_s"]),
+        "image": image,
+        "restart_s": restart_s,
+        "write_bw": image / ckpt_s,
+        "read_bw": image / restart_s,
+    }
+
+
 def bench_size(base: Path, mib: int, procs: int = 1) -> dict[str, float]:
     w, r = raw_baseline(base, (mib << 20) * procs)
 
@@ -142,33 +169,10 @@ def bench_size(base: Path, mib: int, procs: int = 1) -> dict[str, float]:
     time.sleep(1.0)
     gap(c, job, log)  # reset the workload's gap counter
     info = c.json("ckptctl", "checkpoint", job)
-    ckpt_s = float(info["duration_s"])  # request to commit, as the coordinator timed it
     paused = gap(c, job, log)
 
-    for pid in c.json("ckptctl", "status", job)["pids"]:
-        os.kill(pid, signal.SIGKILL)
-    while c.json("ckptctl", "status", job)["state"] == "running":
-        time.sleep(0.05)
-    evict(Path(info["path"]))
-    restart_s = float(c.json("ckptctl", "restart", job)["duration_s"])
-    time.sleep(0.5)
-    gap(c, job, log)  # alive after the restart
-    c.run("ckptctl", "kill", job)
-    shutil.rmtree(Path(info["path"]))
-    image = int(info["size_bytes"])
-    return {
-        "mib": mib,
-        "procs": procs,
-        "raw_write": w,
-        "raw_read": r,
-        "ckpt_s": ckpt_s,
-        "stall_s": float(info["stall_s"]),
-        "paused_s": paused,
-        "image": image,
-        "restart_s": restart_s,
-        "write_bw": image / ckpt_s,
-        "read_bw": image / restart_s,
-    }
+    row = kill_and_restart(c, job, info, lambda: gap(c, job, log))
+    return {"mib": mib, "procs": procs, "raw_write": w, "raw_read": r, "paused_s": paused, **row}
 
 
 def bench_ranks(base: Path, nranks: int, mib: int) -> dict[str, float]:
@@ -194,31 +198,8 @@ def bench_ranks(base: Path, nranks: int, mib: int) -> dict[str, float]:
     gaps()  # reset the counters
     info = c.json("ckptctl", "checkpoint", job)
     paused = gaps()
-    for pid in c.json("ckptctl", "status", job)["pids"]:
-        os.kill(pid, signal.SIGKILL)
-    while c.json("ckptctl", "status", job)["state"] in ("running", "checkpointing"):
-        time.sleep(0.05)
-    evict(Path(info["path"]))
-    restart_s = float(c.json("ckptctl", "restart", job)["duration_s"])
-    time.sleep(0.5)
-    gaps()  # every rank alive and talking after the restart
-    c.run("ckptctl", "kill", job)
-    shutil.rmtree(Path(info["path"]))
-    image = int(info["size_bytes"])
-    return {
-        "mib": mib,
-        "procs": nranks,
-        "ranks": nranks,
-        "raw_write": w,
-        "raw_read": r,
-        "ckpt_s": float(info["duration_s"]),
-        "stall_s": float(info["stall_s"]),
-        "paused_s": paused,
-        "image": image,
-        "restart_s": restart_s,
-        "write_bw": image / float(info["duration_s"]),
-        "read_bw": image / restart_s,
-    }
+    row = kill_and_restart(c, job, info, gaps)  # every rank alive and talking after the restart
+    return {"mib": mib, "procs": nranks, "ranks": nranks, "raw_write": w, "raw_read": r, "paused_s": paused, **row}
 
 
 def gb(x: float) -> str:
