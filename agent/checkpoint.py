@@ -193,7 +193,10 @@ class Checkpointer:
         try:
             reply = conn.request("DUMP", timeout=DUMP_TIMEOUT_S, dir=str(pdir))
         except ShimError as e:
-            raise _storage_error(f"pid {conn.pid} in the job ({conn.exe}): {e.message}", directory) from None
+            what = f"pid {conn.pid} in the job ({conn.exe}): {e.message}"
+            if e.code is Code.ABORTED:  # a passing state: the coordinator tries again
+                raise CkptdError(Code.ABORTED, f"cannot checkpoint now: {what}") from None
+            raise _storage_error(what, directory) from None
         return pb.ProcessDump(
             pid=conn.pid,
             host_pid=conn.host_pid,

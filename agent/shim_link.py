@@ -8,7 +8,7 @@ says HELLO; the connection then carries request/reply lines:
     DUMP dir=PATH         ->  DUMPED <stats>         write core.img, pages.img, files/
     RESUME | ABORT        ->  RESUMED                let the threads run again
     PING                  ->  PONG
-    any of them           ->  ERROR msg=TEXT
+    any of them           ->  ERROR [retry=1] msg=TEXT   (retry: a passing state, try again)
 
 Fields are tab-separated key=value pairs; values are percent-encoded.  The
 peer's host pid comes from SO_PEERCRED, so it is right across pid namespaces.
@@ -177,7 +177,9 @@ class ShimConnection:
             if reply is None:
                 raise ShimError(Code.FAILED_PRECONDITION, f"process {self.host_pid} exited during {command}")
             if reply.command == "ERROR":
-                raise ShimError(Code.FAILED_PRECONDITION, reply.fields.get("msg", "unknown error"))
+                # ABORTED: the coordinator runs the round again a moment later
+                code = Code.ABORTED if reply.fields.get("retry") == "1" else Code.FAILED_PRECONDITION
+                raise ShimError(code, reply.fields.get("msg", "unknown error"))
             return reply
 
     def close(self) -> None:

@@ -55,6 +55,10 @@ log = logging.getLogger(__name__)
 PROTOCOL_VERSION = 2
 DEFAULT_QUIESCE_TIMEOUT_S = 10.0
 LONG_RPC_S = 6 * 3600.0
+# a round that failed on a passing state (descriptors in flight between two
+# processes, a process that forks faster than it can be parked) is aborted,
+# the job runs on for a moment, and the round starts again
+RETRY_DELAYS_S = (0.2, 0.5, 1.0)
 
 
 class CheckpointRound:
@@ -83,7 +87,18 @@ class CheckpointRound:
                 f"a checkpoint or restart of job {record.name} is already in progress; retry when it is done",
             )
         try:
-            return self._run()
+            for attempt, delay in enumerate((*RETRY_DELAYS_S, None), start=1):
+                try:
+                    return self._run()
+                except CkptdError as e:
+                    if e.code is not Code.ABORTED:
+                        raise
+                    if delay is None:
+                        raise CkptdError(e.code, f"{e.message} (tried {attempt} times)") from None
+                    log.info("job %s: round aborted on a passing state, trying again: %s", record.name, e.message)
+                    self.set_operation(f"checkpoint: trying again ({e.message})")
+                    time.sleep(delay)
+            raise AssertionError("unreachable")
         finally:
             self.set_operation("")
             record.op_lock.release()

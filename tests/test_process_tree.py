@@ -5,11 +5,14 @@ flight), and the final output byte for byte an uninterrupted run's."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
+import subprocess
+import time
 from pathlib import Path
 
-from conftest import PYTHON, WORKLOADS, Ckptd, kill_restart_twice, run_plain
+from conftest import CKPTCTL, PYTHON, WORKLOADS, Ckptd, kill_restart_twice, run_plain
 
 MARKS = (50, 150, 250, 350, 500)  # progress at which to checkpoint (3x), kill, kill again
 
@@ -161,3 +164,45 @@ def test_torchrun_gloo_two_ranks(ckptd: Ckptd, torch_path: str) -> None:
     assert expected.splitlines()[-1].endswith("ranks agree True")
     got = round_trip(ckptd, "ddp", argv(29532), r"^step {} ", 3)
     assert got == expected
+
+
+def test_descriptors_in_flight_retry_then_refuse(ckptd: Ckptd, tmp_path: Path) -> None:
+    """A descriptor sitting in a Unix socket's queue cannot be saved.  The
+    coordinator aborts the round (the job runs on), waits a moment and tries
+    again: once the process has taken the descriptor, the checkpoint
+    succeeds without the caller seeing the failures.  A descriptor that
+    stays in flight through every try is refused with a clear error, no
+    checkpoint is recorded, and the job's output is unharmed."""
+    c = ckptd
+    argv = [PYTHON, str(WORKLOADS / "fd_in_flight.py"), "300"]
+    ref_flag = tmp_path / "ref.flag"
+    ref_flag.touch()
+    expected = run_plain([*argv, str(ref_flag)]).stdout
+
+    # in flight through every try: refused, nothing committed, the job runs on
+    flag = tmp_path / "flag"
+    c.launch("scm", [*argv, str(flag)])
+    c.wait_log("scm", r"^sent$")
+    failed = c.ctl("checkpoint", "scm", check=False)
+    assert failed.returncode == 4, failed.stderr
+    assert "file descriptors in flight" in failed.stderr and "tried 4 times" in failed.stderr, failed.stderr
+    assert c.ctl_json("list", "scm") == []
+    assert c.status("scm")["state"] == "running"
+
+    # taken between two tries: the checkpoint succeeds
+    attempt = subprocess.Popen(
+        [CKPTCTL, "checkpoint", "scm", "--json"], env=c.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 30
+    while "trying again" not in c.status("scm").get("operation", ""):
+        assert time.monotonic() < deadline and attempt.poll() is None, attempt.communicate()
+        time.sleep(0.05)
+    flag.touch()
+    out, err = attempt.communicate(timeout=120)
+    assert attempt.returncode == 0, err
+    assert json.loads(out)["id"] == 1
+    c.wait_log("scm", r"^step 100 ")
+    c.kill9("scm")
+    c.ctl("restart", "scm")
+    assert c.wait("scm") == 0
+    assert c.log("scm", "stdout") == expected

@@ -374,6 +374,7 @@ int ck_dump(const char *dir, struct ck_dump_stats *st, char *err, size_t errcap)
     im.err = err;
     im.errcap = errcap;
     im.n_own_fds = 0;
+    im.retry = 0;
     im.diag_fd = -1;
     add_own_fd(&im, ck_shim.agent_fd);
     if (image_init(&im) < 0) {
@@ -402,7 +403,7 @@ int ck_dump(const char *dir, struct ck_dump_stats *st, char *err, size_t errcap)
         rc = write_core(&im, st->pages_bytes, &st->core_bytes);
     ck_close(im.dirfd);
     if (rc != 0)
-        return CK_DUMP_ERROR;
+        return im.retry ? CK_DUMP_RETRY : CK_DUMP_ERROR;
     st->nvmas = (uint32_t)im.vmas.count;
     st->nthreads = (uint32_t)im.threads.count;
     st->nfds = (uint32_t)im.fds.count;

@@ -167,6 +167,7 @@ int ck_peek_queue(struct ck_image *im, struct ck_fd *f, int fd)
             }
         }
         if (fds_in_flight) {
+            im->retry = 1; /* the receiver takes them as soon as it runs again */
             result = ck_image_fail(im, "a Unix socket has file descriptors in flight (SCM_RIGHTS sent, not yet "
                                        "received); retry the checkpoint", 0, 0);
             break;

@@ -3,10 +3,11 @@
  * thread's command loop.
  *
  * Protocol (one line per message, tab-separated, values percent-encoded;
- * see ckptd/agent/shim_protocol.py for the agent's side):
+ * see agent/shim_link.py for the agent's side):
  *   shim  -> agent  HELLO job= pid= tid= ppid= exe= restored=0|1 checkpoint=
  *   agent -> shim   QUIESCE timeout_ms=   -> QUIESCED threads=   | ERROR msg=
- *   agent -> shim   DUMP dir=             -> DUMPED <stats>      | ERROR msg=
+ *   agent -> shim   DUMP dir=             -> DUMPED <stats>      | ERROR [retry=1] msg=
+ *                   (retry=1: a passing state, e.g. descriptors in flight; worth another round)
  *   agent -> shim   RESUME / ABORT        -> RESUMED
  *   agent -> shim   PING                  -> PONG
  * If the connection drops while threads are parked they are released: a
@@ -175,14 +176,21 @@ static int send_hello(int restored)
     return send_line(&b);
 }
 
-static void reply_error(const char *msg)
+static void reply_error_retry(const char *msg, int retry)
 {
     char line[CK_ERR_CAP + 64];
     struct ck_buf b;
     ck_buf_init(&b, line, sizeof(line));
     ck_buf_str(&b, "ERROR");
+    if (retry)
+        kv_u64(&b, "retry", 1);
     kv_str(&b, "msg", msg);
     send_line(&b);
+}
+
+static void reply_error(const char *msg)
+{
+    reply_error_retry(msg, 0);
 }
 
 static void reply_simple(const char *word)
@@ -241,7 +249,7 @@ static void handle_dump(char *line)
         return;
     }
     if (rc != CK_DUMP_OK) {
-        reply_error(err);
+        reply_error_retry(err, rc == CK_DUMP_RETRY);
         return;
     }
     char out[512];

@@ -68,6 +68,7 @@ void ck_wait_threads_arrived(uint32_t n) CK_HIDDEN;
 #define CK_DUMP_OK 0
 #define CK_DUMP_ERROR 1
 #define CK_DUMP_RESTORED 2
+#define CK_DUMP_RETRY 3 /* a passing state (fds in flight): the same dump moments later may succeed */
 struct ck_dump_stats {
     uint64_t pages_bytes;
     uint64_t core_bytes;
@@ -92,6 +93,7 @@ struct ck_image {
     size_t auxv_len;
     char *err;
     size_t errcap;
+    int retry; /* the failure is a passing state: worth another round */
 };
 uint32_t ck_image_string(struct ck_image *im, const char *s) CK_HIDDEN;
 int ck_image_fail(struct ck_image *im, const char *what, const char *detail, long rc) CK_HIDDEN;

@@ -3,6 +3,7 @@ then every step an all_reduce of the gradients.  Rank 0 prints.  Run with
 torchrun --nproc-per-node 2.  Usage: ddp.py STEPS"""
 
 import hashlib
+import os
 import sys
 import time
 
@@ -31,8 +32,10 @@ digests = [None] * world
 dist.all_gather_object(digests, hashlib.sha256(w.numpy().tobytes()).hexdigest())
 if rank == 0:
     print("weights", digests[0], "ranks agree", len(set(digests)) == 1, flush=True)
-# both ranks done before either tears gloo down: without it, a rank's exit
-# can race the other's teardown ("terminate called without an active
-# exception"), with or without ckptd
+# both ranks done before either leaves; then leave without running gloo's
+# destructors: its teardown can abort the process ("terminate called without
+# an active exception", seen about 1 run in 10 on 2 cores, ckptd or not)
 dist.barrier()
-dist.destroy_process_group()
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(0)
