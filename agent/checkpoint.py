@@ -24,6 +24,7 @@ import logging
 import os
 import re
 import time
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,20 @@ def _storage_error(message: str, directory: str) -> CkptdError:
     if errno in (2, 5, 116):  # ENOENT, EIO, ESTALE: storage vanished mid-write
         return CkptdError(Code.UNAVAILABLE, f"checkpoint storage {directory} failed during the write: {message}")
     return CkptdError(Code.FAILED_PRECONDITION, f"cannot checkpoint: {message}")
+
+
+def _depends_on(directory: Path, processes: Iterable[pb.ProcessDump]) -> list[str]:
+    """The earlier checkpoints whose pages these images refer to (the first
+    component of each page source's job-relative path)."""
+    names: set[str] = set()
+    for p in processes:
+        if p.ref_bytes:
+            try:
+                core = CoreImage.load(directory / p.dir / "core.img")
+            except CkptdError as e:
+                raise CkptdError(Code.INTERNAL, f"cannot read back the image just written: {e.message}") from None
+            names.update(s["path"].split("/", 1)[0] for s in core.page_sources())
+    return sorted(names)
 
 
 class Checkpointer:
@@ -183,15 +198,27 @@ class Checkpointer:
         if reply.int("stuck"):
             log.info("pid %d: %d TCP socket(s) keep unsent bytes (a full window)", conn.pid, reply.int("stuck"))
 
-    def _dump_one(self, conn: ShimConnection, directory: str) -> pb.ProcessDump:
+    def _dump_one(self, conn: ShimConnection, request: pb.DumpRequest) -> pb.ProcessDump:
+        directory = request.dir
         pdir = Path(directory) / f"proc-{conn.pid}"
         try:
             pdir.mkdir(parents=True, exist_ok=False)
         except OSError as e:
             raise _storage_error(f"{e.strerror} (errno {e.errno})", directory) from e
+        # the image's final place, relative to the job's directory: a later
+        # incremental image of this process refers to its pages there
+        parts = [p for p in (request.name, request.part, pdir.name) if p] if request.name else []
         t0 = time.monotonic()
         try:
-            reply = conn.request("DUMP", timeout=DUMP_TIMEOUT_S, dir=str(pdir))
+            # the shim reads these keys in this order
+            reply = conn.request(
+                "DUMP",
+                timeout=DUMP_TIMEOUT_S,
+                dir=str(pdir),
+                base=request.parent,
+                image="/".join(parts),
+                depth=len(parts),
+            )
         except ShimError as e:
             what = f"pid {conn.pid} in the job ({conn.exe}): {e.message}"
             if e.code is Code.ABORTED:  # a passing state: the coordinator tries again
@@ -202,6 +229,7 @@ class Checkpointer:
             host_pid=conn.host_pid,
             dir=pdir.name,
             pages_bytes=reply.int("pages_bytes"),
+            ref_bytes=reply.int("ref_bytes"),
             core_bytes=reply.int("core_bytes"),
             files_bytes=reply.int("files_bytes"),
             threads=reply.int("threads"),
@@ -225,7 +253,8 @@ class Checkpointer:
             list(pool.map(self._settle, conns))
         self._drained.add(job.name)
 
-    def dump(self, job: JobRuntime, ckpt_id: int, directory: str) -> pb.DumpResponse:
+    def dump(self, job: JobRuntime, request: pb.DumpRequest) -> pb.DumpResponse:
+        ckpt_id, directory = request.checkpoint_id, request.dir
         conns = self._parked.get(job.name)
         if not conns:
             raise CkptdError(Code.FAILED_PRECONDITION, f"job {job.name} is not quiesced (prepare first)")
@@ -235,11 +264,12 @@ class Checkpointer:
             job.operation = f"checkpoint {ckpt_id}: writing"
         with ThreadPoolExecutor(max_workers=min(len(conns), DUMP_PARALLEL)) as pool:
             # every process is parked: they write their images side by side
-            futures = [pool.submit(self._dump_one, conn, directory) for conn in conns]
+            futures = [pool.submit(self._dump_one, conn, request) for conn in conns]
             errors = [e for f in futures if (e := f.exception()) is not None]
             if errors:
                 raise errors[0]
             resp = pb.DumpResponse(processes=[f.result() for f in futures])
+        resp.depends_on.extend(_depends_on(Path(directory), resp.processes))
         relay = job.drain_output()
         resp.log_bytes, resp.index_bytes = relay["log"], relay["index"]
         tree = {

@@ -34,6 +34,7 @@ from typing import Any
 
 from ckptd.errors import CkptdError, Code
 from ckptd.image.checksum import ALGORITHM, IdentityCache, hash_file
+from ckptd.image.core import CoreImage
 from ckptd.image.manifest import load_manifest, verify_files
 from ckptd.image.plan import PlanError, plan_for_checkpoint
 from ckptd.native import restorer_binary
@@ -183,6 +184,51 @@ class VerifiedCheckpoint:
     plan: str
 
 
+def verify_page_sources(checkpoint: Path, manifest: dict[str, Any]) -> None:
+    """An incremental image reads unchanged pages from earlier checkpoints'
+    pages.img: each must be there, of the size the image expects, and pass
+    the checksum its own checkpoint's manifest recorded."""
+    seen: set[Path] = set()
+    for proc in manifest["processes"]:
+        image = checkpoint / proc["dir"]
+        try:
+            core = CoreImage.load(image / "core.img")
+        except CkptdError as e:
+            raise CkptdError(Code.DATA_LOSS, f"checkpoint {checkpoint.name}: {e.message}") from None
+        job_dir = image.joinpath(*[".."] * int(core.proc.job_depth)).resolve() if core.proc.job_depth else image
+        for src in core.page_sources():
+            path = (job_dir / src["path"]).resolve()
+            if path in seen:
+                continue
+            owner = src["path"].split("/", 1)[0]
+            hint = f"it builds on {owner}; restart from another checkpoint with --from ID (`ckptctl list JOB`)"
+            try:
+                size = path.stat().st_size
+            except OSError:
+                raise CkptdError(
+                    Code.DATA_LOSS, f"checkpoint {checkpoint.name} needs {src['path']}, which is missing; {hint}"
+                ) from None
+            if size != src["size"]:
+                raise CkptdError(
+                    Code.DATA_LOSS,
+                    f"checkpoint {checkpoint.name} needs {src['path']} of {src['size']} bytes, found {size}; {hint}",
+                )
+            # the manifest nearest above the file lists its checksum
+            for d in path.parents:
+                if (d / "manifest.json").exists():
+                    rel = str(path.relative_to(d))
+                    entry = [e for e in load_manifest(d).get("files", []) if e["path"] == rel]
+                    if entry and hash_file(path) != entry[0][ALGORITHM]:
+                        raise CkptdError(
+                            Code.DATA_LOSS,
+                            f"checkpoint {checkpoint.name} needs {src['path']}, which fails its checksum; {hint}",
+                        )
+                    break
+                if d == job_dir:
+                    break
+            seen.add(path)
+
+
 def verify_checkpoint(job: str, checkpoint: Path, allow_changed: bool, identities: IdentityCache) -> VerifiedCheckpoint:
     """Steps 1-2 (and the plan, 5): prove the checkpoint whole and this node
     able to take it.  Touches nothing, so a refusal here leaves the job
@@ -193,6 +239,7 @@ def verify_checkpoint(job: str, checkpoint: Path, allow_changed: bool, identitie
     if not manifest.get("processes"):
         raise CkptdError(Code.DATA_LOSS, f"{checkpoint.name} holds no process; cannot restore")
     verify_files(checkpoint, manifest)
+    verify_page_sources(checkpoint, manifest)
     check_identities(manifest, allow_changed, identities)
     try:
         plan = plan_for_checkpoint(checkpoint, manifest)

@@ -79,7 +79,7 @@ class AgentService(pb_grpc.AgentServicer):
 
     @rpc_method
     def Dump(self, request: pb.DumpRequest, context: grpc.ServicerContext) -> pb.DumpResponse:
-        return self.node.checkpointer.dump(self.node.get(request.job), request.checkpoint_id, request.dir)
+        return self.node.checkpointer.dump(self.node.get(request.job), request)
 
     @rpc_method
     def Resume(self, request: pb.ResumeRequest, context: grpc.ServicerContext) -> pb.Empty:

@@ -5,7 +5,8 @@ says HELLO; the connection then carries request/reply lines:
 
     QUIESCE timeout_ms=N  ->  QUIESCED threads=N     park every thread
     SETTLE timeout_ms=N   ->  SETTLED stuck=N        let unsent TCP bytes leave (all parked)
-    DUMP dir=PATH         ->  DUMPED <stats>         write core.img, pages.img, files/
+    DUMP dir= base= image= depth=  ->  DUMPED <stats>   write core.img, pages.img, files/
+                          (base: the checkpoint it may build on; image: its final place)
     RESUME | ABORT        ->  RESUMED                let the threads run again
     PING                  ->  PONG
     any of them           ->  ERROR [retry=1] msg=TEXT   (retry: a passing state, try again)

@@ -45,7 +45,7 @@ from ckptd.rpc import call
 from ckptd.v1 import ckptd_pb2 as pb
 from ckptd.v1 import ckptd_pb2_grpc as pb_grpc
 
-from .catalog import Catalog, info_from_manifest
+from .catalog import Catalog, chain_of, info_from_manifest
 from .jobs import JobRecord, now_rfc3339
 from .nodes import NodeRegistry
 from .ranks import Target
@@ -59,6 +59,10 @@ LONG_RPC_S = 6 * 3600.0
 # processes, a process that forks faster than it can be parked) is aborted,
 # the job runs on for a moment, and the round starts again
 RETRY_DELAYS_S = (0.2, 0.5, 1.0)
+# an incremental checkpoint builds on the newest committed one; a full one
+# starts a new chain at least this often, so that a restore never reads
+# more than this many checkpoints (JobSpec.full_every overrides it)
+DEFAULT_FULL_EVERY = 16
 
 
 class CheckpointRound:
@@ -138,7 +142,9 @@ class CheckpointRound:
 
         t0 = time.monotonic()
         job_dir = record.job_dir
+        parent, parent_depth = self._parent()
         ckpt_id = self.catalog.next_id(job_dir)
+        name = job_dir.checkpoint(ckpt_id).name
         tmp = self.catalog.create_tmp(job_dir, ckpt_id)
         dirs = {t: (tmp / f"rank-{t.rank.rank}" if t.rank else tmp) for t in targets}
         for d in dirs.values():
@@ -173,7 +179,14 @@ class CheckpointRound:
                 "dump_s",
                 "writing",
                 "Dump",
-                lambda t: pb.DumpRequest(job=t.name, checkpoint_id=ckpt_id, dir=str(dirs[t])),
+                lambda t: pb.DumpRequest(
+                    job=t.name,
+                    checkpoint_id=ckpt_id,
+                    dir=str(dirs[t]),
+                    parent=parent,
+                    name=name,
+                    part=f"rank-{t.rank.rank}" if t.rank else "",
+                ),
                 LONG_RPC_S,
             )
             if not self.then_stop:
@@ -192,6 +205,9 @@ class CheckpointRound:
             manifest = self._manifest(
                 ckpt_id=ckpt_id, targets=targets, prep=prep, dumps=dumps, parts=parts, dirs=dirs, timings=timings
             )
+            depends = sorted({d for r in dumps.values() for d in r.depends_on})
+            manifest["chain"] = {"parent": parent if depends else "", "depends_on": depends,
+                                 "depth": parent_depth + 1 if depends else 0}  # fmt: skip
             write_manifest(tmp, manifest)
             final = self.catalog.commit(tmp, job_dir, ckpt_id)
         except BaseException:
@@ -214,6 +230,19 @@ class CheckpointRound:
             " and stopped" if self.then_stop else "",
         )  # fmt: skip
         return info
+
+    def _parent(self) -> tuple[str, int]:
+        """The newest committed checkpoint and its chain depth, or ("", 0)
+        when the next checkpoint should be a full one."""
+        record = self.record
+        full_every = record.spec.full_every or DEFAULT_FULL_EVERY
+        newest = self.catalog.list(record.name, record.job_dir)[-1:]
+        if not newest or newest[0].created == "corrupt" or full_every <= 1:
+            return "", 0
+        depth = chain_of(Path(newest[0].path)).get("depth", 0)
+        if depth + 1 >= full_every:
+            return "", 0
+        return newest[0].name, int(depth)
 
     def _manifest(
         self,
@@ -243,6 +272,7 @@ class CheckpointRound:
                 "timings": {k: round(v, 6) for k, v in timings.items()},
                 "sizes": {
                     "pages_bytes": sum(p.pages_bytes for p in dump.processes),
+                    "ref_bytes": sum(p.ref_bytes for p in dump.processes),
                     "core_bytes": sum(p.core_bytes for p in dump.processes),
                     "files_bytes": sum(p.files_bytes for p in dump.processes),
                 },
@@ -255,7 +285,7 @@ class CheckpointRound:
         # (an agent restores it alone); the job's manifest lists them
         ranks = []
         files: list[dict[str, Any]] = []
-        sizes = {"pages_bytes": 0, "core_bytes": 0, "files_bytes": 0}
+        sizes = {"pages_bytes": 0, "ref_bytes": 0, "core_bytes": 0, "files_bytes": 0}
         processes: list[dict[str, Any]] = []
         for t in targets:
             assert t.rank is not None

@@ -14,6 +14,7 @@ import os
 import secrets
 import shutil
 from pathlib import Path
+from typing import Any
 
 from ckptd.errors import CkptdError, Code
 from ckptd.image.checksum import fsync_path
@@ -43,16 +44,31 @@ def storage_error(e: OSError, path: Path) -> CkptdError:
     return CkptdError(Code.UNAVAILABLE, f"checkpoint storage {path} failed: {e.strerror}")
 
 
+def chain_of(path: Path) -> dict[str, Any]:
+    """A checkpoint's place in its chain: parent, depends_on, depth (a full
+    checkpoint, or one written before incremental images: depth 0)."""
+    try:
+        chain = load_manifest(path).get("chain") or {}
+    except CkptdError:
+        return {}
+    return chain if isinstance(chain, dict) else {}
+
+
 def info_from_manifest(job: str, path: Path) -> pb.CheckpointInfo:
     m = load_manifest(path)
     t = m.get("timings", {})
+    chain = m.get("chain") or {}
+    stored = total_bytes(m)
     return pb.CheckpointInfo(
         job=job,
         id=int(m["id"]),
         name=path.name,
         path=str(path),
         created=m.get("created", ""),
-        size_bytes=total_bytes(m),
+        size_bytes=stored,
+        logical_bytes=stored + int(m.get("sizes", {}).get("ref_bytes", 0)),
+        parent=chain.get("parent", ""),
+        depends_on=chain.get("depends_on", []),
         duration_s=float(t.get("total_s", 0)),
         stall_s=float(t.get("stall_s", 0)),
         processes=len(m.get("processes", [])),
@@ -121,14 +137,19 @@ class Catalog:
 
     def prune(self, job: str, job_dir: JobDir, keep_last: int, keep_every: int) -> Names:
         """Remove the committed checkpoints a retention policy does not keep:
-        the last keep_last, every keep_every-th id, and always the newest.
-        Each goes by a rename first (atomic: never half a checkpoint under
+        the last keep_last, every keep_every-th id, and always the newest,
+        with every checkpoint whose pages a kept one refers to (incremental
+        images).  Each goes by a rename first (atomic: never half a checkpoint under
         its committed name), then its files.  Returns the names removed."""
         ids = [c.id for c in self.list(job, job_dir)]
         keep = set(ids[-keep_last:]) if keep_last else set(ids)
         if keep_every:
             keep |= {i for i in ids if i % keep_every == 0}
         keep |= set(ids[-1:])
+        infos = {c.id: c for c in self.list(job, job_dir)}
+        by_name = {c.name: c.id for c in infos.values()}
+        for ckpt_id in list(keep):  # depends_on is already transitive: one pass
+            keep |= {by_name[d] for d in infos[ckpt_id].depends_on if d in by_name}
         removed: Names = []
         for ckpt_id in ids:
             if ckpt_id in keep:

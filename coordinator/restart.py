@@ -32,15 +32,35 @@ def _choose_checkpoint(record: JobRecord, catalog: Catalog, from_id: int) -> pb.
             f"job {record.name} has no checkpoint to restart from; "
             f"take one with `ckptctl checkpoint {record.name}` while it runs",
         )
+    names = {c.name for c in checkpoints}
+
+    def missing(c: pb.CheckpointInfo) -> list[str]:
+        return [d for d in c.depends_on if d not in names]
+
     if from_id:
         for c in checkpoints:
             if c.id == from_id:
+                if missing(c):
+                    raise CkptdError(
+                        Code.DATA_LOSS,
+                        f"checkpoint {c.name} of job {record.name} builds on {', '.join(missing(c))}, which "
+                        f"{'is' if len(missing(c)) == 1 else 'are'} missing (deleted by hand?); restart from "
+                        f"another with --from (`ckptctl list {record.name}` shows them)",
+                    )
                 return c
         raise CkptdError(
             Code.NOT_FOUND,
             f"job {record.name} has no checkpoint {from_id}; `ckptctl list {record.name}` shows them",
         )
-    return checkpoints[-1]
+    for c in reversed(checkpoints):
+        if not missing(c):
+            return c
+        log.warning("job %s: skipping %s: it builds on missing %s", record.name, c.name, ", ".join(missing(c)))
+    raise CkptdError(
+        Code.DATA_LOSS,
+        f"every checkpoint of job {record.name} builds on one that is missing (deleted by hand?); "
+        "nothing to restart from",
+    )
 
 
 def _stop_if_alive(record: JobRecord, nodes: NodeRegistry, force: bool) -> None:

@@ -89,6 +89,9 @@ class Ckptd:
     def json(self, *args: str) -> dict:
         return json.loads(self.run(*args, "--json"))
 
+    def json_list(self, *args: str) -> list[dict]:
+        return json.loads(self.run(*args, "--json"))
+
 
 def wait_line(log: Path, prefix: str, after: int = 0, timeout: float = 300) -> str:
     deadline = time.monotonic() + timeout
@@ -202,6 +205,86 @@ def bench_ranks(base: Path, nranks: int, mib: int) -> dict[str, float]:
     return {"mib": mib, "procs": nranks, "ranks": nranks, "raw_write": w, "raw_read": r, "paused_s": paused, **row}
 
 
+def bench_incremental(base: Path, mib: int, pct: float, rounds: int) -> dict[str, float]:
+    """One process of mib MiB: a full checkpoint, then `rounds` incremental
+    ones, each after pct% of its pages were rewritten; the pause of each
+    from inside; then a restart from the last (a chain of `rounds`)."""
+    w, r = raw_baseline(base, mib << 20)
+    c = Ckptd(base / "home")
+    job = f"incr-{mib}"
+    ckpt_dir = base / "ckpt"
+    c.run("ckptd", "launch", "--detach", "--job", job, "--ckpt-dir", str(ckpt_dir), "--full-every", "100",
+          "--", sys.executable, str(WORKLOAD), str(mib), "1", str(pct))  # fmt: skip
+    log = ckpt_dir / job / "output.log"
+    wait_line(log, "ready")
+    time.sleep(1.0)
+    gap(c, job, log)
+    full = c.json("ckptctl", "checkpoint", job)
+    full_paused = gap(c, job, log)
+    incs, paused = [], []
+    for _ in range(rounds):
+        n = len(log.read_text().splitlines())
+        pid = next(p["host_pid"] for p in c.json("ckptctl", "status", job)["processes"] if p["pid"] == 2)
+        os.kill(pid, signal.SIGUSR2)
+        wait_line(log, "dirtied", after=n)
+        gap(c, job, log)
+        incs.append(c.json("ckptctl", "checkpoint", job))
+        paused.append(gap(c, job, log))
+    listed = {i["name"]: i for i in c.json_list("ckptctl", "list", job)}
+    last = listed[incs[-1]["name"]]
+    for pid in c.json("ckptctl", "status", job)["pids"]:
+        os.kill(pid, signal.SIGKILL)
+    while c.json("ckptctl", "status", job)["state"] in ("running", "checkpointing"):
+        time.sleep(0.05)
+    evict(ckpt_dir / job)
+    restart_s = float(c.json("ckptctl", "restart", job)["duration_s"])
+    time.sleep(0.5)
+    gap(c, job, log)  # alive
+    c.run("ckptctl", "kill", job)
+    return {
+        "mib": mib,
+        "pct": pct,
+        "rounds": rounds,
+        "raw_write": w,
+        "raw_read": r,
+        "full_bytes": int(full["size_bytes"]),
+        "full_s": float(full["duration_s"]),
+        "full_paused_s": full_paused,
+        "inc_bytes": max(int(i["size_bytes"]) for i in incs),
+        "inc_s": max(float(i["duration_s"]) for i in incs),
+        "inc_paused_s": max(paused),
+        "logical_bytes": int(last["logical_bytes"]),
+        "restart_s": restart_s,
+    }
+
+
+def incremental_table(rows: list[dict[str, float]]) -> str:
+    head = (
+        "| resident | dirtied | full: image MiB | full: s | full: ckpt/raw write | incremental: image MiB "
+        "| incremental/full | incremental: s | paused s (full) | paused s (incremental) "
+        "| restart s (chain) | restart/raw read |\n"
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+    )
+    body = ""
+    for r in rows:
+        cells = [
+            f"{r['mib']} MiB",
+            f"{r['pct']:g}%",
+            f"{r['full_bytes'] / 2**20:.0f}",
+            f"{r['full_s']:.2f}",
+            f"{r['full_bytes'] / r['full_s'] / r['raw_write']:.2f}",
+            f"{r['inc_bytes'] / 2**20:.1f}",
+            f"{r['inc_bytes'] / r['full_bytes']:.4f}",
+            f"{r['inc_s']:.2f}",
+            f"{r['full_paused_s']:.3f}",
+            f"{r['inc_paused_s']:.3f}",
+            f"{r['restart_s']:.2f} ({int(r['rounds'])} incrementals)",
+            f"{r['logical_bytes'] / r['restart_s'] / r['raw_read']:.2f}",
+        ]
+        body += "| " + " | ".join(cells) + " |\n"
+    return head + body
+
+
 def gb(x: float) -> str:
     return f"{x / 1e9:.2f}"
 
@@ -245,11 +328,21 @@ def main() -> int:
     ap.add_argument("--trees", default="8x256", help="process trees, PROCSxMIB, comma-separated ('' for none)")
     ap.add_argument("--ranks", default="", help="multi-node jobs of these rank counts, e.g. 1,2,4 (root)")
     ap.add_argument("--rank-mib", type=int, default=256, help="resident MiB per rank (default 256)")
+    ap.add_argument(
+        "--incremental", default="4096",
+        help="incremental checkpoints of a process of this many MiB ('' for none)",
+    )  # fmt: skip
+    ap.add_argument("--dirty", type=float, default=1.0, help="percent of its pages rewritten between checkpoints")
+    ap.add_argument("--rounds", type=int, default=3, help="incremental checkpoints after the full one")
     ap.add_argument("--out", help="also write the table to this file")
     args = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="ckptd-bench-", dir=args.dir or "/var/tmp"))
     rows = []
+    inc_rows = []
     try:
+        for mib in (int(s) for s in filter(None, args.incremental.split(","))):
+            print(f"benchmarking incremental checkpoints of {mib} MiB ...", file=sys.stderr, flush=True)
+            inc_rows.append(bench_incremental(base, mib, args.dirty, args.rounds))
         for mib in (int(s) for s in filter(None, args.sizes.split(","))):
             print(f"benchmarking {mib} MiB ...", file=sys.stderr, flush=True)
             rows.append(bench_size(base, mib))
@@ -272,7 +365,9 @@ def main() -> int:
             capture_output=True,
         )
         shutil.rmtree(base, ignore_errors=True)
-    text = table(rows, Path(args.dir or "/var/tmp"))
+    text = table(rows, Path(args.dir or "/var/tmp")) if rows else ""
+    if inc_rows:
+        text += "\nIncremental checkpoints:\n\n" + incremental_table(inc_rows)
     sys.stdout.write(text)
     if args.out:
         Path(args.out).write_text(text)

@@ -7,7 +7,11 @@ each notes the time; on SIGUSR1 the first process prints the longest gap
 between two notes since the previous SIGUSR1, which is how long it was
 paused (by a checkpoint, say), measured from inside.  All processes are
 paused and resumed together, so its gap is the job's.
-Usage: bench_workload.py MIB [PROCS]
+With a third argument PCT (incremental checkpoints), the background
+writes all land on one page, and SIGUSR2 rewrites PCT% of the pages (at
+random, one word each) and prints "dirtied N": exactly what changes
+between two checkpoints is under the benchmark's control.
+Usage: bench_workload.py MIB [PROCS [PCT]]
 """
 
 import os
@@ -17,6 +21,7 @@ import time
 
 mib = int(sys.argv[1])
 procs = int(sys.argv[2]) if len(sys.argv) > 2 else 1
+dirty_pct = float(sys.argv[3]) if len(sys.argv) > 3 else 0.0
 first = True
 for _ in range(procs - 1):
     if os.fork() == 0:
@@ -28,7 +33,12 @@ import numpy as np  # noqa: E402  (after fork: each process maps its own copy)
 data = np.arange(mib * (1 << 20) // 8, dtype=np.uint64)  # resident, not compressible to nothing
 data *= 2654435761
 report = [False]
+dirty = [False]
 signal.signal(signal.SIGUSR1, lambda s, f: report.__setitem__(0, True))
+signal.signal(signal.SIGUSR2, lambda s, f: dirty.__setitem__(0, True))
+words_per_page = 4096 // 8
+npages = len(data) // words_per_page
+rng = np.random.default_rng(1)
 if first:
     print("ready", flush=True)
 last = time.monotonic()
@@ -40,7 +50,13 @@ while True:
     worst = max(worst, now - last)
     last = now
     data[i % len(data)] += 1  # keep writing to memory
-    i += 4099
+    if not dirty_pct:
+        i += 4099
+    if dirty[0]:
+        dirty[0] = False
+        pages = rng.choice(npages, size=int(npages * dirty_pct / 100), replace=False)
+        data[pages * words_per_page] += 1
+        print(f"dirtied {len(pages)}", flush=True)
     if report[0]:
         report[0] = False
         print(f"max_gap_s {worst:.6f}", flush=True)

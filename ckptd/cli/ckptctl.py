@@ -130,13 +130,17 @@ def cmd_list(args: argparse.Namespace) -> int:
             c.name,
             c.created,
             human_bytes(c.size_bytes),
+            human_bytes(c.logical_bytes or c.size_bytes),
+            c.parent or "-",
             f"{c.duration_s:.2f} s",
             f"{c.stall_s:.2f} s",
             c.node,
         ]
         for c in resp.checkpoints
     ]
-    say(table(rows, ["ID", "NAME", "CREATED", "SIZE", "DURATION", "PAUSED", "NODE"]))
+    # STORED: bytes this checkpoint wrote; LOGICAL: what it restores (with
+    # the unchanged pages it takes from the checkpoints it builds on)
+    say(table(rows, ["ID", "NAME", "CREATED", "STORED", "LOGICAL", "PARENT", "DURATION", "PAUSED", "NODE"]))
     return 0
 
 

@@ -58,7 +58,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     if args.interval is not None and args.interval <= 0:
         note("error: --interval must be a positive number of seconds")
         return EXIT_USAGE
-    for flag, value in (("--keep", args.keep), ("--keep-every", args.keep_every)):
+    for flag, value in (("--keep", args.keep), ("--keep-every", args.keep_every), ("--full-every", args.full_every)):
         if value is not None and value < 1:
             note(f"error: {flag} must be at least 1")
             return EXIT_USAGE
@@ -80,6 +80,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
         auto_restart=args.auto_restart,
         keep_last=args.keep or 0,
         keep_every=args.keep_every or 0,
+        full_every=args.full_every or 0,
     )
     multi = bool(spec.nranks or spec.nodes)
     node = "" if multi else args.node or (default_node() if os.environ.get("CKPTD_COORDINATOR") else "")
@@ -198,6 +199,11 @@ def parser() -> argparse.ArgumentParser:
     launch.add_argument(
         "--keep-every", type=int, metavar="K",
         help="retention: also keep every checkpoint whose id is a multiple of K (milestones)",
+    )  # fmt: skip
+    launch.add_argument(
+        "--full-every", type=int, metavar="N",
+        help="incremental checkpoints: write a full one at least every N checkpoints, the others hold only "
+        "the pages written since the previous one (default 16; 1: every checkpoint full)",
     )  # fmt: skip
     launch.add_argument("--node", help="run on this node (default: this machine's agent)")
     launch.add_argument(

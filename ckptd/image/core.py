@@ -33,6 +33,7 @@ SECTIONS = {
     "rlimits": ("CK_SEC_RLIMITS", "struct ck_rlimit"),
     "pending": ("CK_SEC_PENDING", "struct ck_pending"),
     "files": ("CK_SEC_FILES", "struct ck_file"),
+    "sources": ("CK_SEC_SOURCES", "struct ck_page_source"),
 }
 BYTE_SECTIONS = {"auxv": "CK_SEC_AUXV", "strings": "CK_SEC_STRINGS", "blob": "CK_SEC_BLOB"}
 
@@ -202,6 +203,11 @@ class CoreImage:
             return f"{self.string(fd.path)} {shown}"
         return self.string(fd.path)
 
+    def page_sources(self) -> list[dict[str, Any]]:
+        """Earlier checkpoints' pages files this (incremental) image reads:
+        path relative to the job's checkpoint directory, and expected size."""
+        return [{"path": self.string(s.path), "size": int(s.size)} for s in self.records["sources"]]
+
     def summary(self) -> dict[str, Any]:
         p = self.proc
         return {
@@ -213,6 +219,7 @@ class CoreImage:
             "vmas": len(self.records["vmas"]),
             "page_runs": len(self.records["runs"]),
             "pages_bytes": self.header.pages_size,
+            "page_sources": self.page_sources(),
             "ppid": p.ppid,
             "fds": [
                 {"fd": fd.fd, "type": _fd_type_name(fd.type), "target": self._fd_target(fd)}

@@ -25,6 +25,7 @@
 #define CK_VMF_PFNMAP 0x1000   /* pf */
 #define CK_VMF_SHADOWSTACK 0x2000 /* ss */
 #define CK_VMF_MAYWRITE 0x4000 /* mw */
+#define CK_VMF_UFFD_WP 0x8000  /* uw: registered for userfaultfd write-protect */
 
 struct ck_map_entry {
     uint64_t start;

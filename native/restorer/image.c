@@ -99,6 +99,9 @@ void rst_parse_image(struct rst_image *im, const uint8_t *core, uint64_t size)
     im->strings = section(core, size, h, CK_SEC_STRINGS, 1, &im->strings_size);
     im->blob = section(core, size, h, CK_SEC_BLOB, 1, &im->blob_size);
     im->auxv = section(core, size, h, CK_SEC_AUXV, 1, &im->auxv_size);
+    im->sources = section(core, size, h, CK_SEC_SOURCES, sizeof(struct ck_page_source), &im->nsources);
+    if (im->nsources > CK_MAX_SOURCES)
+        rst_fail("corrupt image: too many page sources", 0, 0);
     if (im->nthreads == 0 || im->nvmas == 0)
         rst_fail("corrupt image: no threads or no memory", 0, 0);
     if (im->strings_size == 0 || im->strings[im->strings_size - 1] != 0)
@@ -108,9 +111,14 @@ void rst_parse_image(struct rst_image *im, const uint8_t *core, uint64_t size)
         if (v->first_run > im->nruns || v->nruns > im->nruns - v->first_run || v->end <= v->start)
             rst_fail("corrupt image: memory map", 0, 0);
     }
-    for (uint64_t i = 0; i < im->nruns; i++)
-        if (im->runs[i].offset + im->runs[i].npages * CK_PAGE_SIZE > h->pages_size)
-            rst_fail("corrupt image: page run beyond pages.img", 0, 0);
+    for (uint64_t i = 0; i < im->nruns; i++) {
+        const struct ck_page_run *r = &im->runs[i];
+        if (r->src > im->nsources)
+            rst_fail("corrupt image: page run from an unknown source", 0, 0);
+        uint64_t limit = r->src ? im->sources[r->src - 1].size : h->pages_size;
+        if (r->offset + r->npages * CK_PAGE_SIZE > limit)
+            rst_fail("corrupt image: page run beyond its pages file", 0, 0);
+    }
     for (uint32_t i = 0; i < im->nfds; i++) {
         const struct ck_fd *f = &im->fds[i];
         if (f->data_off + f->data_len > im->blob_size ||

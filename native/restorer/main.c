@@ -111,6 +111,30 @@ static uint64_t cpu_xcr0(void)
 
 static void phase2(uint64_t core_addr);
 
+/* An incremental image reads its unchanged pages from earlier checkpoints'
+ * pages.img, named relative to the job's directory, job_depth levels up. */
+static void open_sources(const struct rst_image *im)
+{
+    char path[2048];
+    for (uint64_t i = 0; i < im->nsources; i++) {
+        struct ck_buf b;
+        ck_buf_init(&b, path, sizeof(path));
+        ck_buf_str(&b, rst.image_dir);
+        for (uint32_t d = 0; d < im->proc->job_depth; d++)
+            ck_buf_str(&b, "/..");
+        ck_buf_str(&b, "/");
+        ck_buf_str(&b, rst_str(im, im->sources[i].path));
+        long fd = ck_open(path, O_RDONLY | O_CLOEXEC, 0);
+        if (fd < 0)
+            rst_fail("an earlier checkpoint this one builds on is missing (deleted by hand?)", path, fd);
+        struct stat st;
+        long rc = ck_fstat((int)fd, &st);
+        if (rc < 0 || (uint64_t)st.st_size != im->sources[i].size)
+            rst_fail("an earlier checkpoint this one builds on has changed (wrong size)", path, rc);
+        rst.source_fd[i] = move_high((int)fd);
+    }
+}
+
 void rst_main(long *sp)
 {
     long argc = sp[0];
@@ -176,6 +200,7 @@ void rst_main(long *sp)
     long rc = ck_fstat(rst.pages_fd, &st);
     if (rc < 0 || (uint64_t)st.st_size != im.hdr->pages_size)
         rst_fail("pages.img has the wrong size (truncated image?)", path, rc);
+    open_sources(&im);
 
     /* where this process's own mappings are, vdso and vvar included */
     size_t maps_cap = 1u << 20;
@@ -230,6 +255,8 @@ static void phase2(uint64_t core_addr)
     rst_unmap_all_but_hole();
     rst_map_image(&im);
     ck_close(rst.pages_fd);
+    for (uint64_t i = 0; i < im.nsources; i++)
+        ck_close(rst.source_fd[i]);
     rst_place_specials(&im);
     rst_set_mm(&im);
     rst_restore_process(&im);

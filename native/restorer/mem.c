@@ -114,7 +114,8 @@ static void fill_pages(const struct rst_image *im, const struct ck_vma *v)
         uint64_t len = run->npages * CK_PAGE_SIZE;
         if (run->vaddr < v->start || run->vaddr + len > v->end)
             rst_fail("corrupt image: page run outside its mapping", 0, 0);
-        rst_pread_all(rst.pages_fd, (void *)run->vaddr, len, run->offset, "cannot read pages.img (truncated?)");
+        int fd = run->src ? rst.source_fd[run->src - 1] : rst.pages_fd;
+        rst_pread_all(fd, (void *)run->vaddr, len, run->offset, "cannot read pages.img (truncated?)");
     }
 }
 

@@ -70,6 +70,8 @@ struct rst_image {
     uint64_t blob_size;
     const uint8_t *auxv;
     uint64_t auxv_size;
+    const struct ck_page_source *sources;
+    uint64_t nsources;
 };
 
 /*
@@ -82,6 +84,7 @@ struct rst_state {
     char checkpoint_id[64];
     int status_fd;
     int pages_fd;
+    int source_fd[CK_MAX_SOURCES];  /* earlier images' pages.img (incremental images) */
     int stdio_fd[3];             /* inherited stdin/stdout/stderr, moved high */
     int maxfd;                   /* highest descriptor in the image */
     uint64_t core_size;

@@ -3,12 +3,15 @@
  * checkpoint thread carves its tables.  It is recorded in the image as an
  * empty mapping (CK_VMA_NOCONTENT), so the bookkeeping of a dump never ends
  * up inside the dump, and only the pages actually touched cost memory.
+ * Its top part is not reset between dumps: the previous image's page runs
+ * (track.c) live there.
  */
 #include "shim.h"
 #include "../common/sys.h"
 #include "../common/util.h"
 
-#define ARENA_SIZE (768ull << 20)
+#define ARENA_SIZE (1024ull << 20)
+#define KEEP_SIZE (256ull << 20)   /* the top: what lives from one dump to the next (track.c) */
 
 static char *arena_base;
 static size_t arena_used;
@@ -21,6 +24,16 @@ int ck_arena_setup(void)
                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (ck_mmap_failed(p))
         return (int)(long)p;
+    /* flags no neighbour of the job's has: the kernel never merges the
+     * arena with an adjacent mapping, so it stays recognisable; a child
+     * starts with an empty one, which is all it needs */
+    long rc = ck_madvise(p, ARENA_SIZE, MADV_WIPEONFORK);
+    if (rc == 0)
+        rc = ck_madvise(p, ARENA_SIZE, MADV_DONTDUMP);
+    if (rc < 0) {
+        ck_munmap(p, ARENA_SIZE);
+        return (int)rc;
+    }
     arena_base = p;
     arena_used = 0;
     return 0;
@@ -42,11 +55,17 @@ int ck_arena_contains(uint64_t start, uint64_t end)
 void *ck_arena_alloc(size_t n)
 {
     n = (n + 4095) & ~(size_t)4095;
-    if (!arena_base || arena_used + n > ARENA_SIZE)
+    if (!arena_base || arena_used + n > ARENA_SIZE - KEEP_SIZE)
         return 0;
     void *p = arena_base + arena_used;
     arena_used += n;
     return p;
+}
+
+void *ck_arena_keep(size_t *size)
+{
+    *size = KEEP_SIZE;
+    return arena_base ? arena_base + ARENA_SIZE - KEEP_SIZE : 0;
 }
 
 int ck_table_init(struct ck_table *t, size_t elem, size_t cap)

@@ -40,7 +40,7 @@ int ck_image_is_own_fd(struct ck_image *im, int fd)
     return 0;
 }
 
-static void add_own_fd(struct ck_image *im, int fd)
+void ck_image_add_own_fd(struct ck_image *im, int fd)
 {
     if (fd >= 0 && im->n_own_fds < (int)(sizeof(im->own_fds) / sizeof(im->own_fds[0])))
         im->own_fds[im->n_own_fds++] = fd;
@@ -301,6 +301,7 @@ static int write_core(struct ck_image *im, uint64_t pages_bytes, uint64_t *core_
     ADD_SEC(CK_SEC_AUXV, im->auxv, im->auxv_len, im->auxv_len);
     ADD_TABLE(CK_SEC_STRINGS, im->strings);
     ADD_TABLE(CK_SEC_BLOB, im->blob);
+    ADD_TABLE(CK_SEC_SOURCES, im->sources);
 #undef ADD_TABLE
 #undef ADD_SEC
 
@@ -349,13 +350,14 @@ static int image_init(struct ck_image *im)
         ck_table_init(&im->pending, sizeof(struct ck_pending), 4096) ||
         ck_table_init(&im->files, sizeof(struct ck_file), 1 << 14) ||
         ck_table_init(&im->strings, 1, 64u << 20) ||
-        ck_table_init(&im->blob, 1, 64u << 20))
+        ck_table_init(&im->blob, 1, 64u << 20) ||
+        ck_table_init(&im->sources, sizeof(struct ck_page_source), CK_MAX_SOURCES))
         return -1;
     ck_table_bytes_append(&im->strings, "", 1);  /* offset 0 = empty string */
     return 0;
 }
 
-int ck_dump(const char *dir, struct ck_dump_stats *st, char *err, size_t errcap)
+int ck_dump(const struct ck_dump_args *a, struct ck_dump_stats *st, char *err, size_t errcap)
 {
     /* static: this frame's locals do not survive the restore */
     static struct ck_image im;
@@ -376,19 +378,21 @@ int ck_dump(const char *dir, struct ck_dump_stats *st, char *err, size_t errcap)
     im.n_own_fds = 0;
     im.retry = 0;
     im.diag_fd = -1;
-    add_own_fd(&im, ck_shim.agent_fd);
+    ck_image_add_own_fd(&im, ck_shim.agent_fd);
     if (image_init(&im) < 0) {
         ck_image_fail(&im, "cannot allocate checkpoint scratch memory", 0, 0);
         return CK_DUMP_ERROR;
     }
-    im.dirfd = (int)ck_open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
+    im.dirfd = (int)ck_open(a->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
     if (im.dirfd < 0) {
-        ck_image_fail(&im, "cannot open the image directory", dir, im.dirfd);
+        ck_image_fail(&im, "cannot open the image directory", a->dir, im.dirfd);
         return CK_DUMP_ERROR;
     }
-    add_own_fd(&im, im.dirfd);
+    ck_image_add_own_fd(&im, im.dirfd);
+    ck_track_begin(&im, a->base, a->self);
 
     int rc = dump_proc(&im);
+    im.proc.job_depth = a->depth;
     if (rc == 0)
         rc = dump_threads(&im, &self);
     if (rc == 0)
@@ -396,7 +400,7 @@ int ck_dump(const char *dir, struct ck_dump_stats *st, char *err, size_t errcap)
     if (rc == 0)
         rc = ck_dump_files(&im, &st->files_bytes);
     if (rc == 0)
-        rc = ck_dump_memory(&im, &st->pages_bytes, &st->files_bytes);
+        rc = ck_dump_memory(&im, &st->pages_bytes, &st->files_bytes, &st->ref_bytes);
     if (rc == 0)
         rc = capture_timers_and_pending(&im);
     if (rc == 0)
@@ -404,6 +408,7 @@ int ck_dump(const char *dir, struct ck_dump_stats *st, char *err, size_t errcap)
     ck_close(im.dirfd);
     if (rc != 0)
         return im.retry ? CK_DUMP_RETRY : CK_DUMP_ERROR;
+    ck_track_commit(&im, st->pages_bytes);
     st->nvmas = (uint32_t)im.vmas.count;
     st->nthreads = (uint32_t)im.threads.count;
     st->nfds = (uint32_t)im.fds.count;

@@ -35,10 +35,14 @@ struct ck_page_region {
     uint64_t start, end, categories;
 };
 #define CK_PAGEMAP_SCAN _IOWR('f', 16, struct ck_pm_scan_arg)
+#define CK_PAGE_IS_WRITTEN (1ull << 1)
 #define CK_PAGE_IS_FILE (1ull << 2)
 #define CK_PAGE_IS_PRESENT (1ull << 3)
 #define CK_PAGE_IS_SWAPPED (1ull << 4)
 #define CK_PAGE_IS_PFNZERO (1ull << 5)
+
+#define CK_PM_SCAN_WP_MATCHING (1ull << 0)
+#define CK_PM_SCAN_CHECK_WPASYNC (1ull << 1)
 
 #define PM_PRESENT (1ull << 63)
 #define PM_SWAPPED (1ull << 62)
@@ -56,6 +60,7 @@ struct mem_ctx {
     int scan_ok;       /* PAGEMAP_SCAN available */
     uint64_t pages_off;
     uint64_t files_bytes;  /* files saved for shared writable mappings */
+    uint64_t ref_bytes;    /* pages taken from earlier images */
     struct ck_vma *vma;
     struct ck_page_region *regions;
     uint64_t *pm;
@@ -115,6 +120,105 @@ static int emit(struct mem_ctx *m, uint64_t start, uint64_t end)
     m->run_start = start;
     m->run_end = end;
     return 0;
+}
+
+/* pages [start, end) as a run of an earlier image's pages file */
+static int emit_ref(struct mem_ctx *m, uint64_t start, uint64_t end, uint32_t src, uint64_t offset)
+{
+    if (flush_run(m) < 0)
+        return -1;
+    struct ck_table *runs = &m->im->runs;
+    if (m->vma->nruns) {
+        struct ck_page_run *last = ck_table_at(runs, runs->count - 1);
+        if (last->src == src && last->vaddr + last->npages * CK_PAGE_SIZE == start &&
+            last->offset + last->npages * CK_PAGE_SIZE == offset) {
+            last->npages += (end - start) / CK_PAGE_SIZE;
+            m->ref_bytes += end - start;
+            return 0;
+        }
+    }
+    struct ck_page_run *r = ck_table_push(runs);
+    if (!r)
+        return ck_image_fail(m->im, "too many page runs", 0, 0);
+    r->vaddr = start;
+    r->npages = (end - start) / CK_PAGE_SIZE;
+    r->offset = offset;
+    r->src = src;
+    m->vma->nruns++;
+    m->ref_bytes += end - start;
+    return 0;
+}
+
+/* present, not written since the previous image: where that image has them,
+ * refer to it; what it does not have is copied */
+static int emit_unchanged(struct mem_ctx *m, uint64_t start, uint64_t end)
+{
+    while (start < end) {
+        uint64_t next = UINT64_MAX;
+        const struct ck_page_run *r = ck_track_lookup(start, &next);
+        if (!r) {
+            uint64_t stop = next < end ? next : end;
+            if (emit(m, start, stop) < 0)
+                return -1;
+            start = stop;
+            continue;
+        }
+        uint64_t rend = r->vaddr + r->npages * CK_PAGE_SIZE;
+        uint64_t stop = rend < end ? rend : end;
+        uint32_t src = ck_track_source(m->im, r->src);
+        int rc = src ? emit_ref(m, start, stop, src, r->offset + (start - r->vaddr)) : emit(m, start, stop);
+        if (rc < 0)
+            return -1;
+        start = stop;
+    }
+    return 0;
+}
+
+/* A mapping under our write protection: one walk reports each present
+ * page with its written bit and protects the written ones again.  Returns
+ * 1 if the walk completed (the mapping stays tracked), 0 if it could not
+ * run (the caller copies the mapping in full), -1 on error. */
+static int scan_tracked(struct mem_ctx *m, uint64_t start, uint64_t end)
+{
+    struct ck_pm_scan_arg a;
+    ck_memset(&a, 0, sizeof(a));
+    a.size = sizeof(a);
+    a.flags = CK_PM_SCAN_WP_MATCHING | CK_PM_SCAN_CHECK_WPASYNC;
+    a.start = start;
+    a.end = end;
+    a.vec = (uint64_t)m->regions;
+    a.vec_len = REGION_VEC;
+    a.category_inverted = CK_PAGE_IS_PFNZERO;
+    a.category_mask = CK_PAGE_IS_PFNZERO;
+    a.category_anyof_mask = CK_PAGE_IS_PRESENT | CK_PAGE_IS_SWAPPED;
+    a.return_mask = CK_PAGE_IS_WRITTEN | CK_PAGE_IS_PRESENT | CK_PAGE_IS_SWAPPED;
+    int incremental = ck_track_incremental();
+    uint64_t done = start;
+    for (;;) {
+        long n = ck_ioctl(m->pagemap_fd, CK_PAGEMAP_SCAN, &a);
+        if (n < 0) {
+            /* whatever it protected is copied now: still a sound base */
+            m->run_start = m->run_end = 0;
+            return 0;
+        }
+        for (long i = 0; i < n; i++) {
+            const struct ck_page_region *g = &m->regions[i];
+            /* after a full vector the next call may start before the end of
+             * what was reported (and now reports it unwritten): skip that */
+            uint64_t from = g->start > done ? g->start : done;
+            if (from >= g->end)
+                continue;
+            int rc = (!incremental || (g->categories & CK_PAGE_IS_WRITTEN)) ? emit(m, from, g->end)
+                                                                             : emit_unchanged(m, from, g->end);
+            if (rc < 0)
+                return -1;
+            done = g->end;
+        }
+        if (a.walk_end >= end)
+            break;
+        a.start = a.walk_end;
+    }
+    return flush_run(m) < 0 ? -1 : 1;
 }
 
 static int scan_with_ioctl(struct mem_ctx *m, uint64_t start, uint64_t end, int anon_only)
@@ -294,6 +398,19 @@ static int on_mapping(const struct ck_map_entry *e, void *vctx)
     int anonymous = path[0] == 0 || path[0] == '[';
     if (anonymous) {
         v->flags |= CK_VMA_ANON;
+        if (!e->shared && ck_track_registered(e->start, e->end, e->vmflags)) {
+            uint64_t first = im->runs.count, refs = m->ref_bytes;
+            int rc = scan_tracked(m, e->start, e->end);
+            if (rc < 0)
+                return -1;
+            if (rc == 1) {
+                v->flags |= CK_VMA_TRACKED;
+                return 0;
+            }
+            im->runs.count = first;  /* start the mapping over, in full */
+            v->nruns = 0;
+            m->ref_bytes = refs;
+        }
         return dump_present(m, e->start, e->end, 0);
     }
 
@@ -320,7 +437,7 @@ static int on_mapping(const struct ck_map_entry *e, void *vctx)
     return dump_present(m, e->start, e->end, 1);
 }
 
-int ck_dump_memory(struct ck_image *im, uint64_t *pages_bytes, uint64_t *files_bytes)
+int ck_dump_memory(struct ck_image *im, uint64_t *pages_bytes, uint64_t *files_bytes, uint64_t *ref_bytes)
 {
     struct mem_ctx m;
     ck_memset(&m, 0, sizeof(m));
@@ -355,5 +472,6 @@ int ck_dump_memory(struct ck_image *im, uint64_t *pages_bytes, uint64_t *files_b
         ck_close(m.pagemap_fd);
     *pages_bytes = m.pages_off;
     *files_bytes += m.files_bytes;
+    *ref_bytes = m.ref_bytes;
     return rc ? -1 : 0;
 }

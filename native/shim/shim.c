@@ -6,7 +6,9 @@
  * see agent/shim_link.py for the agent's side):
  *   shim  -> agent  HELLO job= pid= tid= ppid= exe= restored=0|1 checkpoint=
  *   agent -> shim   QUIESCE timeout_ms=   -> QUIESCED threads=   | ERROR msg=
- *   agent -> shim   DUMP dir=             -> DUMPED <stats>      | ERROR [retry=1] msg=
+ *   agent -> shim   DUMP dir= base= image= depth=  -> DUMPED <stats> | ERROR [retry=1] msg=
+ *                   (base: the checkpoint this one may build on; image: this
+ *                   image's final directory relative to the job's, depth levels down)
  *                   (retry=1: a passing state, e.g. descriptors in flight; worth another round)
  *   agent -> shim   RESUME / ABORT        -> RESUMED
  *   agent -> shim   PING                  -> PONG
@@ -66,6 +68,27 @@ static const char *msg_get(char *line, const char *key)
                 *end = 0;
             uri_decode(v);
             return v;
+        }
+    }
+    return 0;
+}
+
+/* value of key copied out (decoded) into buf; the line is left as it was */
+static const char *msg_copy(const char *line, const char *key, char *buf, size_t cap)
+{
+    size_t kl = ck_strlen(key);
+    const char *p = line;
+    while ((p = __builtin_strchr(p, '\t')) != 0) {
+        p++;
+        if (ck_strncmp(p, key, kl) == 0 && p[kl] == '=') {
+            const char *v = p + kl + 1;
+            size_t n = 0;
+            while (v[n] && v[n] != '\t' && v[n] != '\n' && n + 1 < cap)
+                n++;
+            ck_memcpy(buf, v, n);
+            buf[n] = 0;
+            uri_decode(buf);
+            return buf;
         }
     }
     return 0;
@@ -216,6 +239,7 @@ static void drop_connection(void)
 static void finish_restore(void)
 {
     ck_wait_threads_arrived(ck_restart.nthreads);
+    ck_track_forget();
     if (ck_restart.hole_start && ck_restart.hole_len)
         ck_munmap((void *)ck_restart.hole_start, ck_restart.hole_len);
     ck_shim.agent_fd = -1;  /* the old connection did not survive */
@@ -232,7 +256,13 @@ static void finish_restore(void)
 
 static void handle_dump(char *line)
 {
-    const char *dir = msg_get(line, "dir");
+    static char dirbuf[4096], base[256], image[CK_SOURCE_PATH + 2], depth[16];  /* too long an image name: detected, not cut */
+    struct ck_dump_args a;
+    a.dir = msg_copy(line, "dir", dirbuf, sizeof(dirbuf));
+    a.base = msg_copy(line, "base", base, sizeof(base));
+    a.self = msg_copy(line, "image", image, sizeof(image));
+    a.depth = msg_copy(line, "depth", depth, sizeof(depth)) ? (uint32_t)ck_parse_u64(depth, 10, 0) : 0;
+    const char *dir = a.dir;
     char err[CK_ERR_CAP];
     struct ck_dump_stats st;
     if (!dir) {
@@ -243,7 +273,7 @@ static void handle_dump(char *line)
         reply_error("DUMP before QUIESCE");
         return;
     }
-    int rc = ck_dump(dir, &st, err, sizeof(err));
+    int rc = ck_dump(&a, &st, err, sizeof(err));
     if (rc == CK_DUMP_RESTORED) {
         finish_restore();
         return;
@@ -259,6 +289,7 @@ static void handle_dump(char *line)
     kv_u64(&b, "pages_bytes", st.pages_bytes);
     kv_u64(&b, "core_bytes", st.core_bytes);
     kv_u64(&b, "files_bytes", st.files_bytes);
+    kv_u64(&b, "ref_bytes", st.ref_bytes);
     kv_u64(&b, "vmas", st.nvmas);
     kv_u64(&b, "threads", st.nthreads);
     kv_u64(&b, "fds", st.nfds);

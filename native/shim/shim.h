@@ -51,6 +51,8 @@ void *ck_table_push(struct ck_table *t) CK_HIDDEN;        /* zeroed record or NU
 void *ck_table_at(struct ck_table *t, size_t i) CK_HIDDEN;
 uint64_t ck_table_bytes_append(struct ck_table *t, const void *p, size_t n) CK_HIDDEN;
 void *ck_arena_alloc(size_t n) CK_HIDDEN;
+/* the part kept from one dump to the next */
+void *ck_arena_keep(size_t *size) CK_HIDDEN;
 
 /* ---- quiesce.c ---- */
 int ck_quiesce_install(int sig) CK_HIDDEN;
@@ -73,13 +75,23 @@ struct ck_dump_stats {
     uint64_t pages_bytes;
     uint64_t core_bytes;
     uint64_t files_bytes;
+    uint64_t ref_bytes;        /* pages taken from earlier images instead of written */
     uint32_t nvmas;
     uint32_t nthreads;
     uint32_t nfds;
     uint32_t nfiles;
     int64_t duration_ns;
 };
-int ck_dump(const char *dir, struct ck_dump_stats *st, char *err, size_t errcap) CK_HIDDEN;
+/* base: the checkpoint the agent expects this one to build on ("" for a
+ * full image); self: this image's directory relative to the job's, under
+ * its final name; depth: how many levels that is */
+struct ck_dump_args {
+    const char *dir;
+    const char *base;
+    const char *self;
+    uint32_t depth;
+};
+int ck_dump(const struct ck_dump_args *a, struct ck_dump_stats *st, char *err, size_t errcap) CK_HIDDEN;
 
 /* the image being built; sections are tables in the arena */
 struct ck_image {
@@ -88,7 +100,7 @@ struct ck_image {
     int own_fds[8];           /* the shim's descriptors: never part of the image */
     int n_own_fds;
     struct ck_proc proc;
-    struct ck_table threads, vmas, runs, fds, epoll, pending, files, strings, blob;
+    struct ck_table threads, vmas, runs, fds, epoll, pending, files, strings, blob, sources;
     char auxv[1024];
     size_t auxv_len;
     char *err;
@@ -98,9 +110,20 @@ struct ck_image {
 uint32_t ck_image_string(struct ck_image *im, const char *s) CK_HIDDEN;
 int ck_image_fail(struct ck_image *im, const char *what, const char *detail, long rc) CK_HIDDEN;
 int ck_image_is_own_fd(struct ck_image *im, int fd) CK_HIDDEN;
+void ck_image_add_own_fd(struct ck_image *im, int fd) CK_HIDDEN;
+
+/* ---- track.c: pages written since the last image ---- */
+#define CK_SOURCE_PATH 256
+void ck_track_forget(void) CK_HIDDEN;
+int ck_track_begin(struct ck_image *im, const char *base, const char *self) CK_HIDDEN;
+int ck_track_incremental(void) CK_HIDDEN;
+int ck_track_registered(uint64_t start, uint64_t end, uint32_t vmflags) CK_HIDDEN;
+const struct ck_page_run *ck_track_lookup(uint64_t vaddr, uint64_t *next) CK_HIDDEN;
+uint32_t ck_track_source(struct ck_image *im, uint32_t prev_src) CK_HIDDEN;
+void ck_track_commit(struct ck_image *im, uint64_t pages_size) CK_HIDDEN;
 
 /* ---- dump_mem.c ---- */
-int ck_dump_memory(struct ck_image *im, uint64_t *pages_bytes, uint64_t *files_bytes) CK_HIDDEN;
+int ck_dump_memory(struct ck_image *im, uint64_t *pages_bytes, uint64_t *files_bytes, uint64_t *ref_bytes) CK_HIDDEN;
 
 /* ---- dump_fds.c ---- */
 int ck_dump_fds(struct ck_image *im) CK_HIDDEN;

@@ -19,7 +19,7 @@
 
 /* BEGIN CFFI */
 #define CK_CORE_MAGIC 0x45524f4354504b43   /* "CKPTCORE" as little-endian bytes */
-#define CK_CORE_VERSION 3
+#define CK_CORE_VERSION 4
 #define CK_MAX_SECTIONS 16
 #define CK_PAGE_SIZE 4096
 
@@ -37,6 +37,7 @@
 #define CK_SEC_AUXV 11
 #define CK_SEC_STRINGS 12
 #define CK_SEC_BLOB 13
+#define CK_SEC_SOURCES 14
 
 struct ck_section {
     uint32_t type;
@@ -109,6 +110,8 @@ struct ck_thread {
                                     (shared anonymous, memfd, deleted /dev/shm file):
                                     mapped from the object the restore plan creates;
                                     dev/ino name it, pages hold what was resident */
+#define CK_VMA_TRACKED 0x2000    /* informational: its written pages were tracked
+                                    (the unwritten ones may come from earlier images) */
 
 /* ck_vma.madv: advice replayed with madvise() */
 #define CK_MADV_HUGEPAGE 0x1
@@ -139,7 +142,20 @@ struct ck_vma {
 struct ck_page_run {
     uint64_t vaddr;
     uint64_t npages;
-    uint64_t offset;            /* in pages.img */
+    uint64_t offset;            /* in pages.img, or in the source's pages file */
+    uint32_t src;               /* 0: this image's pages.img; n: SOURCES[n-1] */
+    uint32_t pad;
+};
+
+/* An incremental image takes the pages that did not change since its parent
+ * from earlier checkpoints' pages.img files: SOURCES lists them, each by its
+ * path relative to the job's checkpoint directory (ck_proc.job_depth levels
+ * above this image) and its size, checked before a page is read. */
+#define CK_MAX_SOURCES 64
+struct ck_page_source {
+    uint32_t path;              /* string offset, e.g. "ckpt-3/rank-1/proc-12/pages.img" */
+    uint32_t pad;
+    uint64_t size;
 };
 
 /* ck_fd.type */
@@ -291,7 +307,7 @@ struct ck_proc {
     uint32_t exe;               /* string offsets */
     uint32_t cwd;
     uint32_t quiesce_signal;
-    uint32_t pad0;
+    uint32_t job_depth;         /* directories from this image up to the job's (page sources) */
     uint64_t start_code;        /* mm fields for PR_SET_MM_MAP */
     uint64_t end_code;
     uint64_t start_data;

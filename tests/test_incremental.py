@@ -1,0 +1,95 @@
+"""Incremental checkpoints: after a full one, each checkpoint writes only the
+pages written since its parent and takes the others from earlier
+checkpoints.  Round trips from chains of 1, 2 and 10 incrementals, after
+retention has removed what no kept checkpoint needs, and with a link of a
+chain deleted by hand."""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+from typing import Any
+
+from conftest import CKPTD, PYTHON, WORKLOADS, Ckptd, run_plain
+
+DIRTY = [PYTHON, str(WORKLOADS / "dirty_pages.py"), "400", "32"]  # 32 MiB, 1% of its pages a step
+
+
+def checkpoints_at(c: Ckptd, job: str, steps: range) -> list[dict[str, Any]]:
+    infos = []
+    for step in steps:
+        c.wait_log(job, rf"^step {step} ")
+        infos.append(c.checkpoint(job))
+    return infos
+
+
+def restart_and_finish(c: Ckptd, job: str, *args: str) -> str:
+    if c.status(job)["state"] in ("running", "checkpointing"):
+        c.kill9(job)
+    c.ctl("restart", job, *args)
+    assert c.wait(job) == 0
+    return c.log(job, "stdout")
+
+
+def test_chain_of_ten_incrementals_and_shorter_chains(ckptd: Ckptd) -> None:
+    c = ckptd
+    expected = run_plain(DIRTY).stdout
+    c.launch("inc", DIRTY, "--full-every", "16")
+    infos = checkpoints_at(c, "inc", range(20, 240, 20))  # 11 checkpoints: a full one and 10 incrementals
+    listed = {i["name"]: i for i in c.ctl_json("list", "inc")}
+    full = listed[infos[0]["name"]]
+    assert full["parent"] == "" and full["logical_bytes"] == full["size_bytes"] > 32 << 20
+    for prev, cur in itertools.pairwise(infos):
+        entry = listed[cur["name"]]
+        assert entry["parent"] == prev["name"]
+        assert infos[0]["name"] in entry["depends_on"]
+        # about 20% of the buffer's pages changed between two checkpoints (20 steps of 1%), plus
+        # the interpreter's own churn: far less than the full image, while what it restores is the same
+        assert entry["size_bytes"] < full["size_bytes"] * 0.45, entry
+        assert entry["logical_bytes"] > full["size_bytes"] * 0.9, entry
+
+    # the newest: a chain of 10 incrementals on top of the full one
+    assert restart_and_finish(c, "inc") == expected
+    # a chain of 2, then of 1
+    assert restart_and_finish(c, "inc", "--from", str(infos[2]["id"])) == expected
+    assert restart_and_finish(c, "inc", "--from", str(infos[1]["id"])) == expected
+
+
+def test_full_every_starts_new_chains_and_retention_keeps_what_they_need(ckptd: Ckptd) -> None:
+    c = ckptd
+    expected = run_plain(DIRTY).stdout
+    c.launch("gc", DIRTY, "--full-every", "3")
+    infos = checkpoints_at(c, "gc", range(20, 140, 20))  # 6: chains [1, 2, 3] and [4, 5, 6]
+    listed = c.ctl_json("list", "gc")
+    names = [i["name"] for i in listed]
+    assert [i["parent"] for i in listed] == ["", names[0], names[1], "", names[3], names[4]]
+    # retention keeps the newest and what its pages come from: the second chain
+    kept = c.ctl_json("prune", "gc", "--keep", "1")
+    assert [i["id"] for i in kept] == [4, 5, 6], kept
+    assert restart_and_finish(c, "gc") == expected
+
+    # a link of the chain removed by hand: the checkpoints that need it are refused with a
+    # clear error, a plain restart takes the newest one that is complete
+    c.launch("gc2", DIRTY, "--full-every", "3")
+    infos = checkpoints_at(c, "gc2", range(20, 100, 20))  # [1, 2, 3] and [4]
+    shutil.rmtree(infos[1]["path"])
+    c.kill9("gc2")
+    refused = c.ctl("restart", "gc2", "--from", "3", check=False)
+    assert refused.returncode == 5, refused.stderr
+    assert f"builds on {infos[1]['name']}, which is missing" in refused.stderr
+    assert c.status("gc2")["state"] == "failed"  # nothing was started
+    assert restart_and_finish(c, "gc2") == expected  # from 4, a full one
+
+
+def test_full_every_one_and_bad_values(ckptd: Ckptd) -> None:
+    c = ckptd
+    bad = c.run(CKPTD, "launch", "--detach", "--job", "x", "--full-every", "0", "--", "true", check=False)
+    assert bad.returncode == 2 and "--full-every must be at least 1" in bad.stderr
+    c.launch("full", DIRTY, "--full-every", "1")
+    checkpoints_at(c, "full", range(20, 80, 20))
+    listed = c.ctl_json("list", "full")
+    assert [i["parent"] for i in listed] == ["", "", ""]
+    assert all(i["logical_bytes"] == i["size_bytes"] for i in listed)
+    c.kill9("full")
+    c.ctl("restart", "full")
+    assert c.wait("full") == 0
