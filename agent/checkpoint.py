@@ -83,7 +83,7 @@ class Checkpointer:
     def __init__(self, identities: IdentityCache) -> None:
         self.identities = identities
         self._parked: dict[str, list[ShimConnection]] = {}
-        self._dumps: dict[str, tuple[list[pb.ProcessDump], dict[str, Any]]] = {}
+        self._dumps: dict[str, tuple[list[pb.ProcessDump], dict[str, Any], tuple[int, int]]] = {}
         self._drained: set[str] = set()
 
     def parked_jobs(self) -> list[str]:
@@ -116,11 +116,26 @@ class Checkpointer:
             "ckptd shim (a static or setuid program, or LD_PRELOAD removed); it cannot be checkpointed",
         )
 
+    @staticmethod
+    def _premap(conns: list[ShimConnection]) -> None:
+        """Every process reads its memory map while still running (slow for
+        big mappings, and the parked ones would wait for it); the dump uses
+        that copy if nothing was mapped or unmapped since.  Best effort."""
+
+        def one(conn: ShimConnection) -> None:
+            with contextlib.suppress(CkptdError):
+                conn.request("PREMAP", timeout=30)
+
+        if conns:
+            with ThreadPoolExecutor(max_workers=min(len(conns), DUMP_PARALLEL)) as pool:
+                list(pool.map(one, conns))
+
     def _quiesce_tree(self, job: JobRuntime, timeout_s: float) -> tuple[list[ShimConnection], int]:
         """Park every process of the job.  A process that forks while others are
         being parked adds one more: repeat until a pass finds nobody new."""
         parked: list[ShimConnection] = []
         threads = 0
+        self._premap(self._shims_for(job, set()))
         try:
             for _ in range(MAX_QUIESCE_PASSES):
                 new = self._shims_for(job, {c.host_pid for c in parked})
@@ -254,7 +269,7 @@ class Checkpointer:
         self._drained.add(job.name)
 
     def dump(self, job: JobRuntime, request: pb.DumpRequest) -> pb.DumpResponse:
-        ckpt_id, directory = request.checkpoint_id, request.dir
+        ckpt_id = request.checkpoint_id
         conns = self._parked.get(job.name)
         if not conns:
             raise CkptdError(Code.FAILED_PRECONDITION, f"job {job.name} is not quiesced (prepare first)")
@@ -269,7 +284,6 @@ class Checkpointer:
             if errors:
                 raise errors[0]
             resp = pb.DumpResponse(processes=[f.result() for f in futures])
-        resp.depends_on.extend(_depends_on(Path(directory), resp.processes))
         relay = job.drain_output()
         resp.log_bytes, resp.index_bytes = relay["log"], relay["index"]
         tree = {
@@ -282,20 +296,9 @@ class Checkpointer:
             # connections to these addresses are rebuilt one end at a time
             tree["rank"] = rank.rank
             tree["other_ranks"] = [r.vip for r in rank.ranks if r.rank != rank.rank]
-        # a tree that could not be rebuilt is refused now, while the job can still run on
-        procs = [{"dir": pd.dir} for pd in resp.processes]
-        try:
-            plan_for_checkpoint(Path(directory), dict(tree, processes=procs))
-        except PlanError as e:
-            raise CkptdError(Code.FAILED_PRECONDITION, f"cannot checkpoint job {job.name}: {e.message}") from None
-        # the log as it stands now, so that a restart from this checkpoint
-        # recovers it even after a restart from an earlier one cut it back
-        try:
-            copy_prefix(job.job_dir.log, Path(directory) / "output.log", resp.log_bytes)
-            copy_prefix(job.job_dir.index, Path(directory) / "output.idx", resp.index_bytes)
-        except OSError as e:
-            raise _storage_error(f"cannot save the job's log: {e.strerror} (errno {e.errno})", directory) from e
-        self._dumps[job.name] = (list(resp.processes), tree)
+        # what needs no parked process (the plan check, the log, reading the
+        # images back) happens in finalize, after the job runs again
+        self._dumps[job.name] = (list(resp.processes), tree, (resp.log_bytes, resp.index_bytes))
         return resp
 
     # ---- resume / abort ----
@@ -335,7 +338,22 @@ class Checkpointer:
 
     def finalize(self, job: JobRuntime, directory: str) -> dict[str, Any]:
         d = Path(directory)
-        dumps, tree = self._dumps.pop(job.name, ([], {}))
+        dumps, tree, (log_bytes, index_bytes) = self._dumps.pop(job.name, ([], {}, (0, 0)))
+        # a tree that could not be rebuilt is refused: the checkpoint is
+        # discarded, and the job, already running again, runs on
+        procs = [{"dir": pd.dir} for pd in dumps]
+        try:
+            plan_for_checkpoint(d, dict(tree, processes=procs))
+        except PlanError as e:
+            raise CkptdError(Code.FAILED_PRECONDITION, f"cannot checkpoint job {job.name}: {e.message}") from None
+        # the log as it stood at the checkpoint, so that a restart from it
+        # recovers it even after a restart from an earlier one cut it back
+        try:
+            copy_prefix(job.job_dir.log, d / "output.log", log_bytes)
+            copy_prefix(job.job_dir.index, d / "output.idx", index_bytes)
+        except OSError as e:
+            raise _storage_error(f"cannot save the job's log: {e.strerror} (errno {e.errno})", directory) from e
+        depends_on = _depends_on(d, dumps)
         processes: list[dict[str, Any]] = []
         written: dict[str, dict[str, Any]] = {}
         read: dict[str, dict[str, Any]] = {}
@@ -398,6 +416,7 @@ class Checkpointer:
             "read_files": read_entries,
             "mapped_files": mapped_entries,
             "files": files,
+            "depends_on": depends_on,
         }
 
 

@@ -3,6 +3,7 @@
 Every process started under ckptd connects to the agent's shim socket and
 says HELLO; the connection then carries request/reply lines:
 
+    PREMAP                ->  PREMAPPED              read /proc/self/smaps early (still running)
     QUIESCE timeout_ms=N  ->  QUIESCED threads=N     park every thread
     SETTLE timeout_ms=N   ->  SETTLED stuck=N        let unsent TCP bytes leave (all parked)
     DUMP dir= base= image= depth=  ->  DUMPED <stats>   write core.img, pages.img, files/

@@ -205,7 +205,7 @@ class CheckpointRound:
             manifest = self._manifest(
                 ckpt_id=ckpt_id, targets=targets, prep=prep, dumps=dumps, parts=parts, dirs=dirs, timings=timings
             )
-            depends = sorted({d for r in dumps.values() for d in r.depends_on})
+            depends = sorted({d for p in parts.values() for d in json.loads(p.manifest_part_json)["depends_on"]})
             manifest["chain"] = {"parent": parent if depends else "", "depends_on": depends,
                                  "depth": parent_depth + 1 if depends else 0}  # fmt: skip
             write_manifest(tmp, manifest)
@@ -260,6 +260,7 @@ class CheckpointRound:
         def one(t: Target) -> dict[str, Any]:
             dump = dumps[t]
             part: dict[str, Any] = json.loads(parts[t].manifest_part_json)
+            part.pop("depends_on", None)  # the job's manifest has it, under "chain"
             return {
                 "job": t.name,
                 "id": ckpt_id,

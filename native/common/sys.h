@@ -87,6 +87,7 @@ struct ck_cap_data {
 /* files and descriptors */
 CK_ALWAYS_INLINE long ck_read(int fd, void *buf, size_t n) { return ck_sc3(SYS_read, fd, buf, n); }
 CK_ALWAYS_INLINE long ck_write(int fd, const void *buf, size_t n) { return ck_sc3(SYS_write, fd, buf, n); }
+CK_ALWAYS_INLINE long ck_writev(int fd, const void *iov, int n) { return ck_sc3(SYS_writev, fd, iov, n); }
 CK_ALWAYS_INLINE long ck_pread(int fd, void *buf, size_t n, uint64_t off) { return ck_sc4(SYS_pread64, fd, buf, n, off); }
 CK_ALWAYS_INLINE long ck_openat(int dirfd, const char *path, int flags, int mode) { return ck_sc4(SYS_openat, dirfd, path, flags, mode); }
 CK_ALWAYS_INLINE long ck_open(const char *path, int flags, int mode) { return ck_openat(AT_FDCWD, path, flags, mode); }

@@ -10,8 +10,9 @@
 #include "../common/sys.h"
 #include "../common/util.h"
 
-#define ARENA_SIZE (1024ull << 20)
-#define KEEP_SIZE (256ull << 20)   /* the top: what lives from one dump to the next (track.c) */
+#define ARENA_SIZE (1088ull << 20)
+#define KEEP_SIZE (256ull << 20)   /* what lives from one dump to the next (track.c) */
+#define PREMAPS_SIZE (64ull << 20) /* the top: smaps read before parking (dump_mem.c) */
 
 static char *arena_base;
 static size_t arena_used;
@@ -55,7 +56,7 @@ int ck_arena_contains(uint64_t start, uint64_t end)
 void *ck_arena_alloc(size_t n)
 {
     n = (n + 4095) & ~(size_t)4095;
-    if (!arena_base || arena_used + n > ARENA_SIZE - KEEP_SIZE)
+    if (!arena_base || arena_used + n > ARENA_SIZE - KEEP_SIZE - PREMAPS_SIZE)
         return 0;
     void *p = arena_base + arena_used;
     arena_used += n;
@@ -65,7 +66,13 @@ void *ck_arena_alloc(size_t n)
 void *ck_arena_keep(size_t *size)
 {
     *size = KEEP_SIZE;
-    return arena_base ? arena_base + ARENA_SIZE - KEEP_SIZE : 0;
+    return arena_base ? arena_base + ARENA_SIZE - PREMAPS_SIZE - KEEP_SIZE : 0;
+}
+
+void *ck_arena_premaps(size_t *size)
+{
+    *size = PREMAPS_SIZE;
+    return arena_base ? arena_base + ARENA_SIZE - PREMAPS_SIZE : 0;
 }
 
 int ck_table_init(struct ck_table *t, size_t elem, size_t cap)

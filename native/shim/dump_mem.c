@@ -51,6 +51,12 @@ struct ck_page_region {
 #define REGION_VEC 4096
 #define PAGEMAP_CHUNK 65536
 #define BOUNCE_SIZE (1u << 20)
+#define IOV_BATCH 1024  /* runs written per writev: scattered dirty pages are one page each */
+
+struct ck_iov {
+    const void *base;
+    size_t len;
+};
 
 struct mem_ctx {
     struct ck_image *im;
@@ -67,13 +73,60 @@ struct mem_ctx {
     char *bounce;
     /* the run being accumulated */
     uint64_t run_start, run_end;
+    /* runs accounted in pages.img but not yet written (in file order) */
+    struct ck_iov iov[IOV_BATCH];
+    int niov;
 };
 
-/* copy [start, end) of our own memory into pages.img */
+/* write the batched runs; 0 or -errno */
+static int write_batch(struct mem_ctx *m)
+{
+    int i = 0;
+    while (i < m->niov) {
+        int n = m->niov - i;
+        long w = ck_writev(m->pages_fd, &m->iov[i], n);
+        if (w == -EINTR)
+            continue;
+        if (w <= 0) {
+            m->niov = 0;
+            return w < 0 ? (int)w : -EIO;
+        }
+        /* skip what went out; a partial iovec is finished by hand */
+        while (i < m->niov && (size_t)w >= m->iov[i].len) {
+            w -= (long)m->iov[i].len;
+            i++;
+        }
+        if (i < m->niov && w > 0) {
+            int rc = ck_write_all(m->pages_fd, (const char *)m->iov[i].base + w, m->iov[i].len - (size_t)w);
+            if (rc < 0) {
+                m->niov = 0;
+                return rc;
+            }
+            i++;
+        }
+    }
+    m->niov = 0;
+    return 0;
+}
+
+/* copy [start, end) of our own memory into pages.img (batched: every
+ * thread is parked, so the pages stay as they are until the batch goes) */
 static int copy_range(struct mem_ctx *m, uint64_t start, uint64_t end)
 {
-    if (m->vma->prot & PROT_READ)
-        return ck_write_all(m->pages_fd, (const void *)start, end - start);
+    if (m->vma->prot & PROT_READ) {
+        if (m->niov == IOV_BATCH) {
+            int rc = write_batch(m);
+            if (rc < 0)
+                return rc;
+        }
+        m->iov[m->niov].base = (const void *)start;
+        m->iov[m->niov].len = end - start;
+        m->niov++;
+        return 0;
+    }
+    int rc = write_batch(m);  /* keep the file in order */
+    if (rc < 0)
+        return rc;
     /* unreadable mapping (PROT_NONE): /proc/self/mem ignores protections */
     for (uint64_t a = start; a < end;) {
         size_t n = end - a > BOUNCE_SIZE ? BOUNCE_SIZE : end - a;
@@ -437,6 +490,71 @@ static int on_mapping(const struct ck_map_entry *e, void *vctx)
     return dump_present(m, e->start, e->end, 1);
 }
 
+/* /proc/self/smaps computes every mapping's page counts, which takes tens
+ * of milliseconds for gigabytes: the agent has it read (PREMAP) before the
+ * process is parked.  The dump then reads /proc/self/maps, which is cheap,
+ * and uses the early copy if the mappings are still the same ones (their
+ * header lines match one for one); else it reads smaps again.  What the
+ * early copy can miss is advice (madvise) given in between, on a mapping
+ * whose range did not change. */
+static long premaps_len = -1;
+
+int ck_premaps_capture(void)
+{
+    size_t cap;
+    char *buf = ck_arena_premaps(&cap);
+    premaps_len = -1;
+    if (!buf)
+        return -1;
+    long n = ck_read_file("/proc/self/smaps", buf, cap);
+    if (n < 0)
+        return (int)n;
+    premaps_len = n;
+    return 0;
+}
+
+static int is_header(const char *s)
+{
+    return (*s >= '0' && *s <= '9') || (*s >= 'a' && *s <= 'f');
+}
+
+/* the smaps text read early, if its mappings are exactly those of maps */
+static const char *premaps_if_current(const char *maps, long n, long *len)
+{
+    size_t cap;
+    const char *sm = ck_arena_premaps(&cap);
+    long sl = premaps_len;
+    premaps_len = -1;  /* good for one dump */
+    if (!sm || sl < 0)
+        return 0;
+    long i = 0, j = 0;
+    while (i < n) {
+        while (j < sl && !is_header(sm + j)) {  /* skip smaps' field lines */
+            while (j < sl && sm[j] != '\n')
+                j++;
+            j++;
+        }
+        /* compare one line */
+        while (i < n && j < sl && maps[i] == sm[j] && maps[i] != '\n') {
+            i++;
+            j++;
+        }
+        if (i >= n || j >= sl || maps[i] != '\n' || sm[j] != '\n')
+            return 0;
+        i++;
+        j++;
+    }
+    while (j < sl && !is_header(sm + j)) {
+        while (j < sl && sm[j] != '\n')
+            j++;
+        j++;
+    }
+    if (j < sl)
+        return 0;  /* a mapping gone since */
+    *len = sl;
+    return sm;
+}
+
 int ck_dump_memory(struct ck_image *im, uint64_t *pages_bytes, uint64_t *files_bytes, uint64_t *ref_bytes)
 {
     struct mem_ctx m;
@@ -451,9 +569,19 @@ int ck_dump_memory(struct ck_image *im, uint64_t *pages_bytes, uint64_t *files_b
     if (!m.regions || !m.pm || !m.bounce || !maps)
         return ck_image_fail(im, "cannot allocate checkpoint scratch memory", 0, 0);
 
-    long n = ck_read_file("/proc/self/smaps", maps, cap);
+    long n = ck_read_file("/proc/self/maps", maps, cap);
     if (n < 0)
-        return ck_image_fail(im, "cannot read /proc/self/smaps", 0, n);
+        return ck_image_fail(im, "cannot read /proc/self/maps", 0, n);
+    long early = 0;
+    const char *sm = premaps_if_current(maps, n, &early);
+    if (sm) {
+        ck_memcpy(maps, sm, (size_t)early);  /* parsed in place: a scratch copy */
+        n = early;
+    } else {
+        n = ck_read_file("/proc/self/smaps", maps, cap);
+        if (n < 0)
+            return ck_image_fail(im, "cannot read /proc/self/smaps", 0, n);
+    }
 
     m.pages_fd = (int)ck_openat(im->dirfd, "pages.img", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (m.pages_fd < 0)
@@ -465,6 +593,11 @@ int ck_dump_memory(struct ck_image *im, uint64_t *pages_bytes, uint64_t *files_b
         rc = ck_image_fail(im, "cannot open /proc/self/mem or pagemap", 0, m.mem_fd < 0 ? m.mem_fd : m.pagemap_fd);
     else
         rc = ck_parse_maps(maps, (size_t)n, on_mapping, &m);
+    if (rc == 0) {
+        int w = write_batch(&m);
+        if (w < 0)
+            rc = ck_image_fail(im, "cannot write pages.img", 0, w);
+    }
     ck_close(m.pages_fd);
     if (m.mem_fd >= 0)
         ck_close(m.mem_fd);

@@ -5,6 +5,7 @@
  * Protocol (one line per message, tab-separated, values percent-encoded;
  * see agent/shim_link.py for the agent's side):
  *   shim  -> agent  HELLO job= pid= tid= ppid= exe= restored=0|1 checkpoint=
+ *   agent -> shim   PREMAP                -> PREMAPPED  (smaps read early, before parking)
  *   agent -> shim   QUIESCE timeout_ms=   -> QUIESCED threads=   | ERROR msg=
  *   agent -> shim   DUMP dir= base= image= depth=  -> DUMPED <stats> | ERROR [retry=1] msg=
  *                   (base: the checkpoint this one may build on; image: this
@@ -356,6 +357,11 @@ static void command_loop(void)
         }
         if (ck_startswith(line, "QUIESCE")) {
             handle_quiesce(line);
+        } else if (ck_startswith(line, "PREMAP")) {
+            if (ck_arena_setup() < 0 || ck_premaps_capture() < 0)
+                reply_error("cannot read /proc/self/smaps");
+            else
+                reply_simple("PREMAPPED");
         } else if (ck_startswith(line, "SETTLE")) {
             handle_settle(line);
         } else if (ck_startswith(line, "DUMP")) {

@@ -53,6 +53,8 @@ uint64_t ck_table_bytes_append(struct ck_table *t, const void *p, size_t n) CK_H
 void *ck_arena_alloc(size_t n) CK_HIDDEN;
 /* the part kept from one dump to the next */
 void *ck_arena_keep(size_t *size) CK_HIDDEN;
+/* where smaps read before parking goes */
+void *ck_arena_premaps(size_t *size) CK_HIDDEN;
 
 /* ---- quiesce.c ---- */
 int ck_quiesce_install(int sig) CK_HIDDEN;
@@ -123,6 +125,8 @@ uint32_t ck_track_source(struct ck_image *im, uint32_t prev_src) CK_HIDDEN;
 void ck_track_commit(struct ck_image *im, uint64_t pages_size) CK_HIDDEN;
 
 /* ---- dump_mem.c ---- */
+/* read smaps while the job still runs: parsing it is slow for big mappings */
+int ck_premaps_capture(void) CK_HIDDEN;
 int ck_dump_memory(struct ck_image *im, uint64_t *pages_bytes, uint64_t *files_bytes, uint64_t *ref_bytes) CK_HIDDEN;
 
 /* ---- dump_fds.c ---- */

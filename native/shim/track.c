@@ -45,15 +45,9 @@ struct ck_uffdio_register {
     struct ck_uffdio_range range;
     uint64_t mode, ioctls;
 };
-struct ck_uffdio_writeprotect {
-    struct ck_uffdio_range range;
-    uint64_t mode;
-};
 #define CK_UFFDIO_API _IOWR(0xAA, 0x3F, struct ck_uffdio_api)
 #define CK_UFFDIO_REGISTER _IOWR(0xAA, 0x00, struct ck_uffdio_register)
-#define CK_UFFDIO_WRITEPROTECT _IOWR(0xAA, 0x06, struct ck_uffdio_writeprotect)
 #define CK_UFFDIO_REGISTER_MODE_WP 2
-#define CK_UFFDIO_WRITEPROTECT_MODE_WP 1
 
 #define MAX_RANGES 65536
 
@@ -243,15 +237,50 @@ uint32_t ck_track_source(struct ck_image *im, uint32_t prev_src)
     return cur.map[prev_src];
 }
 
-/* protect a mapping we copied in full; its written pages are reported from now on */
-static void arm_range(uint64_t start, uint64_t end)
+struct ck_pm_scan_arg {
+    uint64_t size, flags, start, end, walk_end, vec, vec_len, max_pages;
+    uint64_t category_inverted, category_mask, category_anyof_mask, return_mask;
+};
+struct ck_page_region {
+    uint64_t start, end, categories;
+};
+#define CK_PAGEMAP_SCAN _IOWR('f', 16, struct ck_pm_scan_arg)
+#define CK_PM_SCAN_WP_MATCHING 1
+#define CK_PM_SCAN_CHECK_WPASYNC 2
+#define CK_PAGE_IS_PRESENT (1ull << 3)
+#define CK_PAGE_IS_SWAPPED (1ull << 4)
+#define CK_PAGE_IS_PFNZERO (1ull << 5)
+
+/* Protect a mapping we copied in full; its written pages are reported from
+ * now on.  Only the pages it has are protected (a walk with
+ * PM_SCAN_WP_MATCHING): UFFDIO_WRITEPROTECT on the whole range would leave
+ * uffd-wp markers in its holes, which PAGEMAP_SCAN reports as swapped pages,
+ * and a hole written later is reported written anyway. */
+static void arm_range(int pagemap_fd, uint64_t start, uint64_t end)
 {
     struct ck_uffdio_register reg = {{start, end - start}, CK_UFFDIO_REGISTER_MODE_WP, 0};
     if (ck_ioctl(tr.uffd, CK_UFFDIO_REGISTER, &reg) < 0)
         return;  /* not anonymous memory (a private file mapping, say): copied every time */
-    struct ck_uffdio_writeprotect wp = {{start, end - start}, CK_UFFDIO_WRITEPROTECT_MODE_WP};
-    if (ck_ioctl(tr.uffd, CK_UFFDIO_WRITEPROTECT, &wp) < 0)
-        return;
+    static struct ck_page_region regions[256];
+    struct ck_pm_scan_arg a;
+    ck_memset(&a, 0, sizeof(a));
+    a.size = sizeof(a);
+    a.flags = CK_PM_SCAN_WP_MATCHING | CK_PM_SCAN_CHECK_WPASYNC;
+    a.start = start;
+    a.end = end;
+    a.vec = (uint64_t)regions;
+    a.vec_len = sizeof(regions) / sizeof(regions[0]);
+    a.category_inverted = CK_PAGE_IS_PFNZERO;
+    a.category_mask = CK_PAGE_IS_PFNZERO;
+    a.category_anyof_mask = CK_PAGE_IS_PRESENT | CK_PAGE_IS_SWAPPED;
+    a.return_mask = CK_PAGE_IS_PRESENT | CK_PAGE_IS_SWAPPED;
+    for (;;) {
+        if (ck_ioctl(pagemap_fd, CK_PAGEMAP_SCAN, &a) < 0)
+            return;  /* left out of the ranges: copied in full next time */
+        if (a.walk_end >= end)
+            break;
+        a.start = a.walk_end;
+    }
     if (tr.nranges < MAX_RANGES) {
         tr.ranges[tr.nranges].start = start;
         tr.ranges[tr.nranges].end = end;
@@ -279,13 +308,17 @@ void ck_track_commit(struct ck_image *im, uint64_t pages_size)
         }
     }
     tr.nranges = kept;
+    int pagemap_fd = (int)ck_open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC, 0);
+    if (pagemap_fd < 0)
+        return;
     for (uint64_t i = 0; i < im->vmas.count; i++) {
         const struct ck_vma *v = ck_table_at(&im->vmas, i);
         uint32_t f = v->flags;
         if ((f & CK_VMA_ANON) && !(f & (CK_VMA_SHARED | CK_VMA_SHMEM | CK_VMA_NOCONTENT | CK_VMA_DELETED |
                                         CK_VMA_VDSO | CK_VMA_VVAR | CK_VMA_TRACKED)))
-            arm_range(v->start, v->end);
+            arm_range(pagemap_fd, v->start, v->end);
     }
+    ck_close(pagemap_fd);
     ck_memcpy(tr.runs, ck_table_at(&im->runs, 0), im->runs.count * sizeof(struct ck_page_run));
     tr.nruns = im->runs.count;
     tr.nsources = (uint32_t)im->sources.count;
