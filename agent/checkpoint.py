@@ -164,13 +164,16 @@ class Checkpointer:
             self._release(parked, "ABORT")
             raise
 
-    def prepare(self, job: JobRuntime, ckpt_id: int, timeout_s: float, directory: str) -> pb.PrepareResponse:
+    def prepare(
+        self, job: JobRuntime, ckpt_id: int, timeout_s: float, directory: str, *, check_space: bool = True
+    ) -> pb.PrepareResponse:
         with job.cond:
             if job.state != "running":
                 raise CkptdError(Code.FAILED_PRECONDITION, f"job {job.name} is {job.state}, not running")
             if job.name in self._parked:
                 raise CkptdError(Code.ABORTED, f"a checkpoint of job {job.name} is already in progress")
-        self._check_space(job, directory)
+        if check_space:  # an incremental one needs far less than the resident size; a full disk still fails cleanly
+            self._check_space(job, directory)
         with job.cond:
             job.state = "checkpointing"
             job.operation = f"checkpoint {ckpt_id}: quiescing"

@@ -70,7 +70,9 @@ class AgentService(pb_grpc.AgentServicer):
     @rpc_method
     def Prepare(self, request: pb.PrepareRequest, context: grpc.ServicerContext) -> pb.PrepareResponse:
         job = self.node.get(request.job)
-        return self.node.checkpointer.prepare(job, request.checkpoint_id, request.timeout_s or 10.0, request.dir)
+        return self.node.checkpointer.prepare(
+            job, request.checkpoint_id, request.timeout_s or 10.0, request.dir, check_space=not request.incremental
+        )
 
     @rpc_method
     def Drain(self, request: pb.ResumeRequest, context: grpc.ServicerContext) -> pb.Empty:

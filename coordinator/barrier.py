@@ -170,7 +170,11 @@ class CheckpointRound:
                 "quiescing",
                 "Prepare",
                 lambda t: pb.PrepareRequest(
-                    job=t.name, checkpoint_id=ckpt_id, timeout_s=self.timeout_s, dir=str(dirs[t])
+                    job=t.name,
+                    checkpoint_id=ckpt_id,
+                    timeout_s=self.timeout_s,
+                    dir=str(dirs[t]),
+                    incremental=bool(parent),
                 ),
                 self.timeout_s + 30,
             )

@@ -190,7 +190,15 @@ def test_checkpoint_storage_full(ckptd: Ckptd, tmp_path: Path) -> None:
         script = tmp_path / "grower.py"
         script.write_text(GROWER)
         go = tmp_path / "go"
-        ckptd.launch("full", [PYTHON, str(script), str(tmp_path / "data.bin"), str(go)], "--ckpt-dir", str(store))
+        # full images: an incremental second checkpoint would fit
+        ckptd.launch(
+            "full",
+            [PYTHON, str(script), str(tmp_path / "data.bin"), str(go)],
+            "--ckpt-dir",
+            str(store),
+            "--full-every",
+            "1",
+        )
         _wait_file_pattern(store / "full" / "output.log", "small")
         first = ckptd.checkpoint("full")
         go.touch()

@@ -90,7 +90,8 @@ def test_retention_keeps_last_and_milestones(ckptd: Ckptd, counter: Path) -> Non
     """--keep 2 --keep-every 3: after each commit the last two checkpoints and
     every third one stay; `ckptctl prune` applies a policy by hand; a pruned
     checkpoint is a clear error for restart, and the kept ones restore."""
-    ckptd.launch("ret", [PYTHON, str(counter), "150"], "--keep", "2", "--keep-every", "3")
+    # full images: the policy alone decides (test_incremental has chains, whose links stay)
+    ckptd.launch("ret", [PYTHON, str(counter), "150"], "--keep", "2", "--keep-every", "3", "--full-every", "1")
     for n in range(7):
         ckptd.wait_log("ret", rf"^tick {5 + 5 * n}$")
         ckptd.checkpoint("ret")
