@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 SHIM_REGISTRATION_WAIT_S = 5.0
 DUMP_TIMEOUT_S = 6 * 3600.0
 MAX_QUIESCE_PASSES = 20
+PREMAP_TIMEOUT_S = 2.0  # reading smaps early; skipped past this
 SETTLE_MS = 500  # how long unsent TCP bytes may take to leave (a delayed ACK is up to 200 ms)
 DUMP_PARALLEL = 8
 
@@ -85,6 +86,7 @@ class Checkpointer:
         self._parked: dict[str, list[ShimConnection]] = {}
         self._dumps: dict[str, tuple[list[pb.ProcessDump], dict[str, Any], tuple[int, int]]] = {}
         self._drained: set[str] = set()
+        self._cancelled: dict[str, int] = {}  # job -> checkpoint aborted while its prepare ran
 
     def parked_jobs(self) -> list[str]:
         return list(self._parked)
@@ -123,8 +125,10 @@ class Checkpointer:
         that copy if nothing was mapped or unmapped since.  Best effort."""
 
         def one(conn: ShimConnection) -> None:
+            # short: a process that cannot answer (stopped, say) is the
+            # QUIESCE's to report, within the deadline the coordinator keeps
             with contextlib.suppress(CkptdError):
-                conn.request("PREMAP", timeout=30)
+                conn.request("PREMAP", timeout=PREMAP_TIMEOUT_S)
 
         if conns:
             with ThreadPoolExecutor(max_workers=min(len(conns), DUMP_PARALLEL)) as pool:
@@ -178,11 +182,22 @@ class Checkpointer:
             job.state = "checkpointing"
             job.operation = f"checkpoint {ckpt_id}: quiescing"
         try:
+            if self._cancelled.get(job.name) == ckpt_id:
+                raise CkptdError(Code.ABORTED, f"checkpoint {ckpt_id} of job {job.name} was aborted before it began")
             parked, threads = self._quiesce_tree(job, timeout_s)
         except CkptdError:
             self._back_to_running(job)
             raise
-        self._parked[job.name] = parked
+        with job.cond:  # against an abort() arriving in between
+            abandoned = self._cancelled.pop(job.name, None) == ckpt_id
+            if not abandoned:
+                self._parked[job.name] = parked
+        if abandoned:
+            self._release(parked, "ABORT")
+            self._back_to_running(job)
+            raise CkptdError(
+                Code.DEADLINE_EXCEEDED, f"checkpoint {ckpt_id} of job {job.name} was abandoned while pausing it"
+            )
         self._drained.discard(job.name)
         return pb.PrepareResponse(processes=len(parked), threads=threads)
 
@@ -331,7 +346,12 @@ class Checkpointer:
         self._parked.pop(job.name, None)
         self._dumps.pop(job.name, None)
 
-    def abort(self, job: JobRuntime) -> None:
+    def abort(self, job: JobRuntime, ckpt_id: int = 0) -> None:
+        with job.cond:
+            if ckpt_id and job.name not in self._parked:
+                # its prepare may still be running (the coordinator gave up
+                # waiting): what it parks is released as soon as it is done
+                self._cancelled[job.name] = ckpt_id
         self._drained.discard(job.name)
         self._release(self._parked.pop(job.name, []), "ABORT")
         self._dumps.pop(job.name, None)

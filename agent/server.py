@@ -101,7 +101,7 @@ class AgentService(pb_grpc.AgentServicer):
             job.kill(requested=False)  # failed, like the restart: a new one can be tried
             job.wait_ended(10)
             return pb.Empty()
-        self.node.checkpointer.abort(job)
+        self.node.checkpointer.abort(job, request.checkpoint_id)
         return pb.Empty()
 
     @rpc_method

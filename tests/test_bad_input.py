@@ -54,7 +54,7 @@ def test_unknown_job(ckptd: Ckptd) -> None:
 
 
 def test_restart_while_running_refused_then_forced(ckptd: Ckptd, counter: Path) -> None:
-    ckptd.launch("live", [PYTHON, str(counter), "400"])
+    ckptd.launch("live", [PYTHON, str(counter), "150"])
     ckptd.wait_log("live", r"^tick 5$")
     ckptd.checkpoint("live")
     pids = ckptd.status("live")["pids"]
@@ -67,7 +67,7 @@ def test_restart_while_running_refused_then_forced(ckptd: Ckptd, counter: Path) 
     st = ckptd.status("live")
     assert st["state"] == "running" and st["pids"] != pids and st["generation"] == 1
     assert ckptd.wait("live") == 0
-    assert ckptd.log("live") == run_plain([PYTHON, str(counter), "400"]).stdout
+    assert ckptd.log("live") == run_plain([PYTHON, str(counter), "150"]).stdout
 
 
 def test_restart_without_checkpoint(ckptd: Ckptd, counter: Path) -> None:
@@ -82,7 +82,7 @@ def test_restart_without_checkpoint(ckptd: Ckptd, counter: Path) -> None:
 
 @pytest.mark.parametrize("damage", ["flip", "truncate"])
 def test_corrupt_image_caught_before_restore(ckptd: Ckptd, counter: Path, damage: str) -> None:
-    ckptd.launch("bad", [PYTHON, str(counter), "300"])
+    ckptd.launch("bad", [PYTHON, str(counter), "120"])
     ckptd.wait_log("bad", r"^tick 10$")
     ckptd.checkpoint("bad")
     ckptd.wait_log("bad", r"^tick 40$")
@@ -112,7 +112,7 @@ def test_corrupt_image_caught_before_restore(ckptd: Ckptd, counter: Path, damage
 
     ckptd.ctl("restart", "bad", "--from", "1")  # the earlier one still works
     assert ckptd.wait("bad") == 0
-    assert ckptd.log("bad") == run_plain([PYTHON, str(counter), "300"]).stdout
+    assert ckptd.log("bad") == run_plain([PYTHON, str(counter), "120"]).stdout
 
 
 @contextlib.contextmanager
@@ -137,7 +137,7 @@ def read_only(path: Path) -> Iterator[None]:
 
 def test_read_only_checkpoint_dir(ckptd: Ckptd, counter: Path, tmp_path: Path) -> None:
     store = tmp_path / "store"
-    ckptd.launch("ro", [PYTHON, str(counter), "300"], "--ckpt-dir", str(store))
+    ckptd.launch("ro", [PYTHON, str(counter), "120"], "--ckpt-dir", str(store))
     jobdir = store / "ro"
     ckptd.wait_log("ro", r"^tick 5$")
     first = ckptd.checkpoint("ro")
@@ -150,7 +150,7 @@ def test_read_only_checkpoint_dir(ckptd: Ckptd, counter: Path, tmp_path: Path) -
     ckptd.ctl("inspect", "--verify", first["path"])  # still whole
     assert not [n for n in os.listdir(jobdir) if ".tmp-" in n]
     assert ckptd.wait("ro") == 0
-    assert (jobdir / "output.log").read_text() == run_plain([PYTHON, str(counter), "300"]).stdout
+    assert (jobdir / "output.log").read_text() == run_plain([PYTHON, str(counter), "120"]).stdout
 
 
 def _wait_file_pattern(path: Path, text: str, timeout: float = 30) -> None:

@@ -50,6 +50,7 @@ struct ck_uffdio_register {
 #define CK_UFFDIO_REGISTER_MODE_WP 2
 
 #define MAX_RANGES 65536
+#define CK_TRACK_HIGH_FD 950
 
 struct range {
     uint64_t start, end;
@@ -101,6 +102,13 @@ static int open_uffd(void)
     if (rc < 0) {
         ck_close((int)fd);
         return (int)rc;
+    }
+    /* keep clear of the low descriptors: the job's own numbering stays as
+     * it would be without ckptd (the agent's socket lives up there too) */
+    long high = ck_fcntl((int)fd, F_DUPFD_CLOEXEC, CK_TRACK_HIGH_FD);
+    if (high >= 0) {
+        ck_close((int)fd);
+        fd = high;
     }
     tr.uffd = (int)fd;
     tr.pid = (int32_t)ck_getpid();
