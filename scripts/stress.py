@@ -4,7 +4,12 @@ under ckptd, checkpoint it at a random moment, SIGKILL every process a
 random moment later, restart it, and compare its final stdout with a plain
 run's.  Prints one line per run and a summary; exits 1 if any run differed.
 
-    scripts/stress.py [--rounds 6] [--workloads mp_pool,tcp_ipc,unix_ipc,dp_sgd] [--seed N]
+    scripts/stress.py [--rounds 6] [--workloads mp_pool,tcp_ipc,unix_ipc,dp_sgd,dirty_pages]
+                      [--checkpoints K] [--seed N]
+
+With --checkpoints K, K checkpoints are taken at random moments before the
+kill, so the restart restores from a chain of K-1 incremental checkpoints
+on a full one.
 
 The workloads are the process-tree ones in tests/workloads (multiprocessing,
 loopback TCP, Unix sockets) and dp_sgd as a multi-node job of 2 ranks (each
@@ -15,6 +20,7 @@ root), every rank's output compared; each takes about 5 s per run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -32,6 +38,7 @@ ARGS = {
     "tcp_ipc": ["400"],
     "unix_ipc": ["400", "{dir}/job.sock"],
     "dp_sgd": ["--steps", "250", "--dim", "16384"],
+    "dirty_pages": ["300", "32"],
 }
 RANKS = {"dp_sgd": 2}  # launched as a multi-node job of this many ranks
 
@@ -53,25 +60,31 @@ def run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(list(args), env=env, capture_output=True, text=True, timeout=300, check=False)
 
 
-def one_run(base: Path, name: str, job: str, rng: random.Random, expected: list[str]) -> tuple[bool, str]:
+def one_run(
+    base: Path, name: str, job: str, rng: random.Random, expected: list[str], *, checkpoints: int = 1
+) -> tuple[bool, str]:
     env = dict(os.environ, CKPTD_HOME=str(base / "home"))
     d = base / job
     d.mkdir()
     argv = [sys.executable, str(WORKLOADS / f"{name}.py"), *(a.format(dir=d) for a in ARGS[name])]
     ranks = ["--ranks", str(RANKS[name])] if name in RANKS else []
     run(env, "ckptd", "launch", "--detach", "--job", job, *ranks, "--", *argv)
-    time.sleep(rng.uniform(0.3, 2.0))
-    for _ in range(5):  # a refusal that says "retry" (a connection being made, say) is retried, as a user would
-        p = run(env, "ckptctl", "checkpoint", job)
-        if p.returncode == 0 or "retry" not in p.stderr:
-            break
-        time.sleep(0.2)
-    if p.returncode != 0:
-        return False, f"checkpoint failed: {p.stderr.strip()}"
+    for k in range(checkpoints):
+        time.sleep(rng.uniform(0.3, 2.0) if k == 0 else rng.uniform(0.1, 0.8))
+        for _ in range(5):  # a refusal that says "retry" (a connection being made, say) is retried, as a user would
+            p = run(env, "ckptctl", "checkpoint", job)
+            if p.returncode == 0 or "retry" not in p.stderr:
+                break
+            time.sleep(0.2)
+        if p.returncode != 0 and k and ("exited" in p.stderr or "no live process" in p.stderr):
+            break  # the job ended before this one: the chain so far is what the restart uses
+        if p.returncode != 0:
+            return False, f"checkpoint {k + 1} failed: {p.stderr.strip()}"
     time.sleep(rng.uniform(0.0, 0.6))
     status = json.loads(run(env, "ckptctl", "status", job, "--json").stdout)
     for pid in status["pids"]:
-        os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):  # a process of the tree that just ended
+            os.kill(pid, signal.SIGKILL)
     time.sleep(0.3)
     p = run(env, "ckptctl", "restart", job)
     if p.returncode != 0:
@@ -88,6 +101,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--workloads", default=",".join(ARGS))
+    ap.add_argument("--checkpoints", type=int, default=1, help="checkpoints before the kill (a chain)")
     ap.add_argument("--seed", type=int, default=None, help="for repeatable moments")
     args = ap.parse_args()
     names = args.workloads.split(",")
@@ -105,7 +119,8 @@ def main() -> int:
             expected[name] = plain(name, ref)
         for i in range(args.rounds):
             for name in names:
-                ok, why = one_run(base, name, f"{name.replace('_', '-')}-{i}", rng, expected[name])
+                job = f"{name.replace('_', '-')}-{i}"
+                ok, why = one_run(base, name, job, rng, expected[name], checkpoints=args.checkpoints)
                 failures += not ok
                 print(f"round {i} {name}: {why}", flush=True)
     finally:
