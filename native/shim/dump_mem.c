@@ -22,27 +22,11 @@
 #include "../common/sys.h"
 #include "../common/util.h"
 #include "../common/maps.h"
+#include "pagemap.h"
 
 #include <errno.h>
 #include <sys/ioctl.h>
 #include <sys/sysmacros.h>
-
-struct ck_pm_scan_arg {
-    uint64_t size, flags, start, end, walk_end, vec, vec_len, max_pages;
-    uint64_t category_inverted, category_mask, category_anyof_mask, return_mask;
-};
-struct ck_page_region {
-    uint64_t start, end, categories;
-};
-#define CK_PAGEMAP_SCAN _IOWR('f', 16, struct ck_pm_scan_arg)
-#define CK_PAGE_IS_WRITTEN (1ull << 1)
-#define CK_PAGE_IS_FILE (1ull << 2)
-#define CK_PAGE_IS_PRESENT (1ull << 3)
-#define CK_PAGE_IS_SWAPPED (1ull << 4)
-#define CK_PAGE_IS_PFNZERO (1ull << 5)
-
-#define CK_PM_SCAN_WP_MATCHING (1ull << 0)
-#define CK_PM_SCAN_CHECK_WPASYNC (1ull << 1)
 
 #define PM_PRESENT (1ull << 63)
 #define PM_SWAPPED (1ull << 62)
@@ -234,17 +218,9 @@ static int emit_unchanged(struct mem_ctx *m, uint64_t start, uint64_t end)
 static int scan_tracked(struct mem_ctx *m, uint64_t start, uint64_t end)
 {
     struct ck_pm_scan_arg a;
-    ck_memset(&a, 0, sizeof(a));
-    a.size = sizeof(a);
+    ck_pm_scan_present(&a, start, end, m->regions, REGION_VEC,
+                       CK_PAGE_IS_WRITTEN | CK_PAGE_IS_PRESENT | CK_PAGE_IS_SWAPPED);
     a.flags = CK_PM_SCAN_WP_MATCHING | CK_PM_SCAN_CHECK_WPASYNC;
-    a.start = start;
-    a.end = end;
-    a.vec = (uint64_t)m->regions;
-    a.vec_len = REGION_VEC;
-    a.category_inverted = CK_PAGE_IS_PFNZERO;
-    a.category_mask = CK_PAGE_IS_PFNZERO;
-    a.category_anyof_mask = CK_PAGE_IS_PRESENT | CK_PAGE_IS_SWAPPED;
-    a.return_mask = CK_PAGE_IS_WRITTEN | CK_PAGE_IS_PRESENT | CK_PAGE_IS_SWAPPED;
     int incremental = ck_track_incremental();
     uint64_t done = start;
     for (;;) {
@@ -277,16 +253,11 @@ static int scan_tracked(struct mem_ctx *m, uint64_t start, uint64_t end)
 static int scan_with_ioctl(struct mem_ctx *m, uint64_t start, uint64_t end, int anon_only)
 {
     struct ck_pm_scan_arg a;
-    ck_memset(&a, 0, sizeof(a));
-    a.size = sizeof(a);
-    a.start = start;
-    a.end = end;
-    a.vec = (uint64_t)m->regions;
-    a.vec_len = REGION_VEC;
-    a.category_inverted = CK_PAGE_IS_PFNZERO | (anon_only ? CK_PAGE_IS_FILE : 0);
-    a.category_mask = a.category_inverted;
-    a.category_anyof_mask = CK_PAGE_IS_PRESENT | CK_PAGE_IS_SWAPPED;
-    a.return_mask = CK_PAGE_IS_PRESENT | CK_PAGE_IS_SWAPPED;
+    ck_pm_scan_present(&a, start, end, m->regions, REGION_VEC, CK_PAGE_IS_PRESENT | CK_PAGE_IS_SWAPPED);
+    if (anon_only) {  /* a private file mapping: only its copied-on-write pages */
+        a.category_inverted |= CK_PAGE_IS_FILE;
+        a.category_mask |= CK_PAGE_IS_FILE;
+    }
     for (;;) {
         long n = ck_ioctl(m->pagemap_fd, CK_PAGEMAP_SCAN, &a);
         if (n < 0)

@@ -28,6 +28,7 @@
 #include "../common/sys.h"
 #include "../common/util.h"
 #include "../common/maps.h"
+#include "pagemap.h"
 
 #include <errno.h>
 #include <sys/ioctl.h>
@@ -245,20 +246,6 @@ uint32_t ck_track_source(struct ck_image *im, uint32_t prev_src)
     return cur.map[prev_src];
 }
 
-struct ck_pm_scan_arg {
-    uint64_t size, flags, start, end, walk_end, vec, vec_len, max_pages;
-    uint64_t category_inverted, category_mask, category_anyof_mask, return_mask;
-};
-struct ck_page_region {
-    uint64_t start, end, categories;
-};
-#define CK_PAGEMAP_SCAN _IOWR('f', 16, struct ck_pm_scan_arg)
-#define CK_PM_SCAN_WP_MATCHING 1
-#define CK_PM_SCAN_CHECK_WPASYNC 2
-#define CK_PAGE_IS_PRESENT (1ull << 3)
-#define CK_PAGE_IS_SWAPPED (1ull << 4)
-#define CK_PAGE_IS_PFNZERO (1ull << 5)
-
 /* Protect a mapping we copied in full; its written pages are reported from
  * now on.  Only the pages it has are protected (a walk with
  * PM_SCAN_WP_MATCHING): UFFDIO_WRITEPROTECT on the whole range would leave
@@ -271,17 +258,9 @@ static void arm_range(int pagemap_fd, uint64_t start, uint64_t end)
         return;  /* not anonymous memory (a private file mapping, say): copied every time */
     static struct ck_page_region regions[256];
     struct ck_pm_scan_arg a;
-    ck_memset(&a, 0, sizeof(a));
-    a.size = sizeof(a);
+    ck_pm_scan_present(&a, start, end, regions, sizeof(regions) / sizeof(regions[0]),
+                       CK_PAGE_IS_PRESENT | CK_PAGE_IS_SWAPPED);
     a.flags = CK_PM_SCAN_WP_MATCHING | CK_PM_SCAN_CHECK_WPASYNC;
-    a.start = start;
-    a.end = end;
-    a.vec = (uint64_t)regions;
-    a.vec_len = sizeof(regions) / sizeof(regions[0]);
-    a.category_inverted = CK_PAGE_IS_PFNZERO;
-    a.category_mask = CK_PAGE_IS_PFNZERO;
-    a.category_anyof_mask = CK_PAGE_IS_PRESENT | CK_PAGE_IS_SWAPPED;
-    a.return_mask = CK_PAGE_IS_PRESENT | CK_PAGE_IS_SWAPPED;
     for (;;) {
         if (ck_ioctl(pagemap_fd, CK_PAGEMAP_SCAN, &a) < 0)
             return;  /* left out of the ranges: copied in full next time */
