@@ -18,7 +18,10 @@ if not os.path.exists(fifo):
 
 mfd = os.memfd_create("ckptd-test")
 os.ftruncate(mfd, 8192)
-shared = mmap.mmap(mfd, 8192)
+# read and written as whole aligned 8-byte words: struct's pack_into and
+# unpack_from go byte by byte, and a reader behind the writer (as after a
+# restart) could see half of an old and half of a new value
+shared = memoryview(mmap.mmap(mfd, 8192)).cast("q")
 
 # a zombie: exits at once with status 5, reaped only at the very end
 zombie = os.fork()
@@ -32,9 +35,9 @@ worker = os.fork()
 if worker == 0:
     os.setsid()  # its own session
     w = open(fifo, "wb", buffering=0)  # noqa: SIM115 (held until _exit)
-    m = mmap.mmap(mfd, 8192)
+    m = memoryview(mmap.mmap(mfd, 8192)).cast("q")
     for i in range(rounds):
-        struct.pack_into("<q", m, 8, i * 3)
+        m[1] = i * 3
         w.write(struct.pack("<q", i))
         if i % 10 == 0:
             os.kill(os.getppid(), signal.SIGUSR1)
@@ -53,7 +56,7 @@ r = open(fifo, "rb", buffering=0)  # noqa: SIM115 (held for the whole run)
 print("ids", os.getpgid(grouped) == grouped, os.getsid(worker) == worker, flush=True)
 for i in range(rounds):
     (v,) = struct.unpack("<q", r.read(8))
-    print(f"round {i} fifo {v} memfd {struct.unpack_from('<q', shared, 8)[0] >= v * 3}", flush=True)
+    print(f"round {i} fifo {v} memfd {shared[1] >= v * 3}", flush=True)
     if i % 40 == 0:
         # posix_spawn and subprocess while the tree runs
         pid = os.posix_spawn("/bin/echo", ["echo", f"spawned {i}"], os.environ)
