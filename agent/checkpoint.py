@@ -38,6 +38,7 @@ from ckptd.image.manifest import checksum_entries, list_files
 from ckptd.image.plan import PlanError, plan_for_checkpoint
 from ckptd.v1 import ckptd_pb2 as pb
 
+from .progress import Transfer, Transfers, resident_anon
 from .runtime import JobRuntime, exe_of, ns_pid
 from .shim_link import ShimConnection, ShimError
 
@@ -80,9 +81,21 @@ def _depends_on(directory: Path, processes: Iterable[pb.ProcessDump]) -> list[st
     return sorted(names)
 
 
+def _bytes_under(directory: Path) -> int:
+    """What the images under directory hold so far (their proc-*/ files)."""
+    total = 0
+    with os.scandir(directory) as procs:
+        for proc in procs:
+            if proc.name.startswith("proc-") and proc.is_dir():
+                with os.scandir(proc.path) as files:
+                    total += sum(f.stat().st_size for f in files if f.is_file())
+    return total
+
+
 class Checkpointer:
-    def __init__(self, identities: IdentityCache) -> None:
+    def __init__(self, identities: IdentityCache, transfers: Transfers) -> None:
         self.identities = identities
+        self.transfers = transfers
         self._parked: dict[str, list[ShimConnection]] = {}
         self._dumps: dict[str, tuple[list[pb.ProcessDump], dict[str, Any], tuple[int, int]]] = {}
         self._drained: set[str] = set()
@@ -295,7 +308,14 @@ class Checkpointer:
             self.drain(job)
         with job.cond:
             job.operation = f"checkpoint {ckpt_id}: writing"
-        with ThreadPoolExecutor(max_workers=min(len(conns), DUMP_PARALLEL)) as pool:
+        # a full image holds about the processes' anonymous memory; what an
+        # incremental one holds is known only once written
+        total = 0 if request.parent else sum(resident_anon(c.host_pid) for c in conns)
+        writing = Transfer("writing", total, probe=lambda: _bytes_under(Path(request.dir)))
+        with (
+            self.transfers.running(job.name, writing),
+            ThreadPoolExecutor(max_workers=min(len(conns), DUMP_PARALLEL)) as pool,
+        ):
             # every process is parked: they write their images side by side
             futures = [pool.submit(self._dump_one, conn, request) for conn in conns]
             errors = [e for f in futures if (e := f.exception()) is not None]
@@ -398,6 +418,7 @@ class Checkpointer:
                     "vmas": summary["vmas"],
                     "fds": len(summary["fds"]),
                     "pages_bytes": pd.pages_bytes,
+                    "ref_bytes": pd.ref_bytes,
                     "core_bytes": pd.core_bytes,
                     "files_bytes": pd.files_bytes,
                     "dump_s": round(pd.dump_s, 6),
@@ -425,7 +446,10 @@ class Checkpointer:
             for path, e in mapped.items()
             if path not in written
         ]
-        files = checksum_entries(d)
+        listed = list_files(d)
+        hashing = Transfer("checksums", sum(p.stat().st_size for p in listed))
+        with self.transfers.running(job.name, hashing):
+            files = checksum_entries(d, hashing.add)
         # durable before the coordinator commits: data, then directories
         with ThreadPoolExecutor(max_workers=4) as pool:
             list(pool.map(fsync_path, list_files(d)))

@@ -18,6 +18,7 @@ from ckptd.v1 import ckptd_pb2 as pb
 from . import rank_net
 from .checkpoint import Checkpointer
 from .health import node_health
+from .progress import Transfers
 from .restore import restore_job, resume_restored, verify_checkpoint
 from .runtime import RUNNING_STATES, Incarnation, JobRuntime, job_dir_of, spec_from_json, spec_to_json
 from .shim_link import ShimConnection, ShimServer
@@ -49,7 +50,8 @@ class AgentNode:
         self.jobs: dict[str, JobRuntime] = {}
         self.lock = threading.Lock()
         self.identities = IdentityCache()
-        self.checkpointer = Checkpointer(self.identities)
+        self.transfers = Transfers()  # bytes moved by each job's checkpoint or restart in flight
+        self.checkpointer = Checkpointer(self.identities, self.transfers)
         self.shim_server = ShimServer(home.shim_socket(node), self._on_hello, self._on_close)
         self._coordinator = coordinator_stub(coordinator)
         self._stop = threading.Event()
@@ -300,14 +302,14 @@ class AgentNode:
                 f"job {spec.name} is still running on {self.node} (pids {job.live_pids()}); "
                 "use --force to kill it first",
             )
-        verified = verify_checkpoint(spec.name, checkpoint, allow_changed, self.identities)
+        verified = verify_checkpoint(spec.name, checkpoint, allow_changed, self.identities, self.transfers)
         job = self._track(spec)
         try:
             job_dir_of(spec).path.mkdir(parents=True, exist_ok=True)
             # a rank's link stays down until every rank is rebuilt: no segment
             # may reach a peer whose connection does not exist yet (a reset)
             job.netns = self._rank_network(spec, carrier=not hold)
-            held = restore_job(self.home, job, verified, hold=hold)
+            held = restore_job(self.home, job, verified, self.transfers, hold=hold)
             if held is not None:
                 self.held[spec.name] = held
         except CkptdError as e:
@@ -319,10 +321,18 @@ class AgentNode:
         self._on_change(job)
         return job
 
+    def job_status(self, job: JobRuntime) -> pb.JobStatus:
+        """The job's status with the progress of what it has in flight."""
+        st = job.status()
+        progress = self.transfers.snapshot(job.name)
+        if progress is not None:
+            st.progress.CopyFrom(progress)
+        return st
+
     def statuses(self) -> list[pb.JobStatus]:
         with self.lock:
             jobs = list(self.jobs.values())
-        return [j.status() for j in jobs]
+        return [self.job_status(j) for j in jobs]
 
     def health(self) -> pb.NodeHealth:
         h = node_health(self.node)

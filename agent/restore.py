@@ -35,11 +35,12 @@ from typing import Any
 from ckptd.errors import CkptdError, Code
 from ckptd.image.checksum import ALGORITHM, IdentityCache, hash_file
 from ckptd.image.core import CoreImage
-from ckptd.image.manifest import load_manifest, verify_files
+from ckptd.image.manifest import load_manifest, total_bytes, verify_files
 from ckptd.image.plan import PlanError, plan_for_checkpoint
 from ckptd.native import restorer_binary
 from ckptd.paths import Home
 
+from .progress import Transfer, Transfers, resident_anon
 from .runtime import JobRuntime
 from .shim_link import ShimConnection
 
@@ -184,7 +185,7 @@ class VerifiedCheckpoint:
     plan: str
 
 
-def verify_page_sources(checkpoint: Path, manifest: dict[str, Any]) -> None:
+def verify_page_sources(checkpoint: Path, manifest: dict[str, Any], progress: Transfer | None = None) -> None:
     """An incremental image reads unchanged pages from earlier checkpoints'
     pages.img: each must be there, of the size the image expects, and pass
     the checksum its own checkpoint's manifest recorded."""
@@ -218,7 +219,9 @@ def verify_page_sources(checkpoint: Path, manifest: dict[str, Any]) -> None:
                 if (d / "manifest.json").exists():
                     rel = str(path.relative_to(d))
                     entry = [e for e in load_manifest(d).get("files", []) if e["path"] == rel]
-                    if entry and hash_file(path) != entry[0][ALGORITHM]:
+                    if progress is not None:
+                        progress.total += size
+                    if entry and hash_file(path, progress.add if progress else None) != entry[0][ALGORITHM]:
                         raise CkptdError(
                             Code.DATA_LOSS,
                             f"checkpoint {checkpoint.name} needs {src['path']}, which fails its checksum; {hint}",
@@ -229,7 +232,9 @@ def verify_page_sources(checkpoint: Path, manifest: dict[str, Any]) -> None:
             seen.add(path)
 
 
-def verify_checkpoint(job: str, checkpoint: Path, allow_changed: bool, identities: IdentityCache) -> VerifiedCheckpoint:
+def verify_checkpoint(
+    job: str, checkpoint: Path, allow_changed: bool, identities: IdentityCache, transfers: Transfers
+) -> VerifiedCheckpoint:
     """Steps 1-2 (and the plan, 5): prove the checkpoint whole and this node
     able to take it.  Touches nothing, so a refusal here leaves the job
     exactly as it was."""
@@ -238,8 +243,10 @@ def verify_checkpoint(job: str, checkpoint: Path, allow_changed: bool, identitie
         raise CkptdError(Code.INVALID_ARGUMENT, f"{checkpoint} belongs to job {manifest.get('job')}, not {job}")
     if not manifest.get("processes"):
         raise CkptdError(Code.DATA_LOSS, f"{checkpoint.name} holds no process; cannot restore")
-    verify_files(checkpoint, manifest)
-    verify_page_sources(checkpoint, manifest)
+    verifying = Transfer("verifying", total_bytes(manifest))
+    with transfers.running(job, verifying):
+        verify_files(checkpoint, manifest, verifying.add)
+        verify_page_sources(checkpoint, manifest, verifying)
     check_identities(manifest, allow_changed, identities)
     try:
         plan = plan_for_checkpoint(checkpoint, manifest)
@@ -249,7 +256,7 @@ def verify_checkpoint(job: str, checkpoint: Path, allow_changed: bool, identitie
 
 
 def restore_job(
-    home: Home, job: JobRuntime, verified: VerifiedCheckpoint, hold: bool = False
+    home: Home, job: JobRuntime, verified: VerifiedCheckpoint, transfers: Transfers, hold: bool = False
 ) -> list[ShimConnection] | None:
     """Steps 3-7, on a verified checkpoint.  With hold (a rank of a
     multi-node job) the rebuilt processes stay parked and are returned: they
@@ -286,7 +293,12 @@ def restore_job(
         job.operation = f"restart from {name}: rebuilding {len(procs)} process(es)"
     pages = sum(int(p.get("pages_bytes", 0)) for p in procs)
     deadline = time.monotonic() + RESTORE_BASE_TIMEOUT_S + pages / RESTORE_MIN_BANDWIDTH
-    conns = _wait_restored(job, inc.generation, {int(p["pid"]) for p in procs}, deadline)
+    # the memory filled in so far, against what the images hold (pages taken
+    # from earlier checkpoints included)
+    filled = sum(int(p.get("pages_bytes", 0)) + int(p.get("ref_bytes", 0)) for p in procs)
+    rebuilding = Transfer("rebuilding", filled, probe=lambda: sum(resident_anon(pid) for pid in job.live_pids()))
+    with transfers.running(job.name, rebuilding):
+        conns = _wait_restored(job, inc.generation, {int(p["pid"]) for p in procs}, deadline)
     if conns is None:
         reason = _restore_failure(Path(inc.runtime_dir)) or job.message or "the restorer did not report back in time"
         job.kill()

@@ -31,7 +31,7 @@ class AgentService(pb_grpc.AgentServicer):
 
     @rpc_method
     def GetJob(self, request: pb.AgentJobRequest, context: grpc.ServicerContext) -> pb.JobStatus:
-        return self.node.get(request.job).status()
+        return self.node.job_status(self.node.get(request.job))
 
     @rpc_method
     def ListJobs(self, request: pb.Empty, context: grpc.ServicerContext) -> pb.AgentJobList:

@@ -104,6 +104,7 @@ class CheckpointRound:
                     time.sleep(delay)
             raise AssertionError("unreachable")
         finally:
+            record.in_flight = None
             self.set_operation("")
             record.op_lock.release()
 
@@ -146,6 +147,10 @@ class CheckpointRound:
         ckpt_id = self.catalog.next_id(job_dir)
         name = job_dir.checkpoint(ckpt_id).name
         tmp = self.catalog.create_tmp(job_dir, ckpt_id)
+        record.in_flight = pb.CheckpointInfo(
+            job=job, id=ckpt_id, name=name, path=str(tmp), created=now_rfc3339(), parent=parent,
+            node=",".join(sorted({t.node for t in targets})),
+        )  # fmt: skip
         dirs = {t: (tmp / f"rank-{t.rank.rank}" if t.rank else tmp) for t in targets}
         for d in dirs.values():
             d.mkdir(exist_ok=True)
@@ -215,10 +220,12 @@ class CheckpointRound:
             write_manifest(tmp, manifest)
             final = self.catalog.commit(tmp, job_dir, ckpt_id)
         except BaseException:
+            record.in_flight = None
             if parked:
                 self._abort(parked, ckpt_id)
             self.catalog.discard(tmp)
             raise
+        record.in_flight = None
         if self.then_stop:
             self._stop(stubs, final.name)
         spec = record.spec

@@ -68,6 +68,7 @@ class JobRecord:
     ranks: list[RankRecord] = field(default_factory=list)  # a multi-node job's; empty: a classic job
     vip_slot: int = 0
     last_auto_restart: float = 0.0
+    in_flight: pb.CheckpointInfo | None = None  # the round being written, until it commits or is discarded
 
     def targets(self) -> list[Target]:
         if self.ranks:

@@ -179,6 +179,10 @@ def aggregate(job: str, ranks: list[RankRecord]) -> pb.JobStatus:
         )
         st.pids.extend(r.status.pids)
         st.processes.extend(r.status.processes)
+        if r.status.HasField("progress"):  # the job's transfer is every rank's together
+            st.progress.done += r.status.progress.done
+            st.progress.total += r.status.progress.total
+            st.progress.what = st.progress.what or r.status.progress.what
     st.generation = max((r.status.generation for r in ranks), default=0)
     st.node = ranks[0].node if ranks else ""
 

@@ -89,6 +89,8 @@ class Coordinator:
         st = aggregate(record.name, view)
         with self.registry.lock:
             st.operation = record.status.operation
+            if not st.operation:
+                st.ClearField("progress")
             if record.status.state in TERMINAL and st.state not in TERMINAL:
                 st.state, st.message = record.status.state, record.status.message
         return st
@@ -136,6 +138,8 @@ class Coordinator:
                         else:
                             setattr(st, field, getattr(live, field))
                     st.operation = operation
+                    if operation and live.HasField("progress"):
+                        st.progress.CopyFrom(live.progress)
         return st
 
 
@@ -265,7 +269,11 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         self, request: pb.ListCheckpointsRequest, context: grpc.ServicerContext
     ) -> pb.ListCheckpointsResponse:
         record = self.c.registry.get(request.job)
-        return pb.ListCheckpointsResponse(checkpoints=self.c.catalog.list(record.name, record.job_dir))
+        in_flight = record.in_flight
+        return pb.ListCheckpointsResponse(
+            checkpoints=self.c.catalog.list(record.name, record.job_dir),
+            in_progress=[in_flight] if in_flight is not None else [],
+        )
 
     @rpc_method
     def Checkpoint(self, request: pb.CheckpointRequest, context: grpc.ServicerContext) -> pb.CheckpointInfo:

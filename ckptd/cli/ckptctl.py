@@ -29,11 +29,13 @@ from .common import (
     human_bytes,
     note,
     print_json,
+    progress_text,
     run_main,
     say,
     setup_cli_logging,
     table,
     to_dict,
+    watch_progress,
     with_progress,
 )
 
@@ -81,7 +83,20 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    st = call(_coordinator().GetJob, pb.GetJobRequest(job=args.job), 30, "coordinator")
+    coord = _coordinator()
+    if args.watch:
+        # follow the checkpoint or restart in flight to its end, then show the job
+        in_flight = [True]
+
+        def describe() -> pb.JobStatus:
+            st = _phase(coord, args.job)
+            in_flight[0] = bool(st.operation)
+            return st
+
+        describe()
+        if in_flight[0]:
+            watch_progress(describe, lambda: in_flight[0])
+    st = call(coord.GetJob, pb.GetJobRequest(job=args.job), 30, "coordinator")
     if args.json:
         d = to_dict(st)
         d["pids"] = list(st.pids)
@@ -96,7 +111,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         f"restarts:   {st.generation}",
     ]
     if st.operation:
-        lines.append(f"in flight:  {st.operation}")
+        lines.append(f"in flight:  {progress_text(st)}")
     if st.last_checkpoint.name:
         c = st.last_checkpoint
         lines.append(f"checkpoint: {c.name} ({human_bytes(c.size_bytes)}, {c.created}); {st.checkpoints} in all")
@@ -121,7 +136,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     if args.json:
         print_json(list(resp.checkpoints))
         return 0
-    if not resp.checkpoints:
+    if not resp.checkpoints and not resp.in_progress:
         say(f"job {args.job} has no checkpoints")
         return 0
     rows = [
@@ -138,15 +153,16 @@ def cmd_list(args: argparse.Namespace) -> int:
         ]
         for c in resp.checkpoints
     ]
+    # a round being written: listed, but no restart can use it before it commits
+    rows += [[str(c.id), c.name, "in progress", "-", "-", c.parent or "-", "-", "-", c.node] for c in resp.in_progress]
     # STORED: bytes this checkpoint wrote; LOGICAL: what it restores (with
     # the unchanged pages it takes from the checkpoints it builds on)
     say(table(rows, ["ID", "NAME", "CREATED", "STORED", "LOGICAL", "PARENT", "DURATION", "PAUSED", "NODE"]))
     return 0
 
 
-def _phase(coord: pb_grpc.CoordinatorStub, job: str) -> str:
-    st = call(coord.GetJob, pb.GetJobRequest(job=job), 5, "coordinator")
-    return st.operation
+def _phase(coord: pb_grpc.CoordinatorStub, job: str) -> pb.JobStatus:
+    return call(coord.GetJob, pb.GetJobRequest(job=job), 5, "coordinator")
 
 
 def cmd_checkpoint(args: argparse.Namespace) -> int:
@@ -393,7 +409,12 @@ def parser() -> argparse.ArgumentParser:
         return sp
 
     add("jobs", cmd_jobs, "list jobs", job=False)
-    add("status", cmd_status, "show a job's state, node, last checkpoint and live processes")
+    status_p = add("status", cmd_status, "show a job's state, node, last checkpoint and live processes")
+    status_p.add_argument(
+        "--watch",
+        action="store_true",
+        help="first follow the checkpoint or restart in flight with a progress bar until it ends",
+    )
     add("list", cmd_list, "list a job's committed checkpoints")
     c = add("checkpoint", cmd_checkpoint, "take a checkpoint now; the job keeps running")
     c.add_argument(

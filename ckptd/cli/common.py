@@ -15,6 +15,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from ckptd.errors import EXIT_CODES, EXIT_FAILED, CkptdError, Code
+from ckptd.v1 import ckptd_pb2 as pb
 
 log = logging.getLogger("ckptd.cli")
 T = TypeVar("T")
@@ -112,17 +113,72 @@ def table(rows: list[list[str]], headers: list[str]) -> str:
     return "\n".join(lines)
 
 
+def progress_text(st: pb.JobStatus, width: int = 30) -> str:
+    """The operation in flight with a text bar: `checkpoint 3: writing
+    [#####.....] 1.2 GiB of 4.0 GiB (31%)`."""
+    text = st.operation
+    if not st.HasField("progress"):
+        return text
+    p = st.progress
+    if p.total:
+        filled = min(width, int(width * p.done / p.total))
+        bar = "#" * filled + "." * (width - filled)
+        return f"{text}  [{bar}] {human_bytes(p.done)} of {human_bytes(p.total)} ({100 * p.done // p.total}%)"
+    return f"{text}  {human_bytes(p.done)} so far"
+
+
+def watch_progress(
+    describe: Callable[[], pb.JobStatus],
+    running: Callable[[], bool],
+    *,
+    poll_s: float = 0.25,
+) -> None:
+    """A progress bar on stderr for the operation describe() reports, until
+    running() says it is over: the bytes of the current phase, the phase's
+    name, the speed and the elapsed time."""
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TransferSpeedColumn,
+    )
+
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(binary_units=True),
+        TransferSpeedColumn(),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("starting...", total=None)
+        phase = ""
+        while running():
+            try:
+                st = describe()
+            except CkptdError:
+                st = pb.JobStatus()
+            p = st.progress if st.HasField("progress") else None
+            what = f"{st.operation or 'working'}"
+            if p is not None and (p.what != phase):  # a new phase: a new bar
+                bar.reset(task)
+                phase = p.what
+            bar.update(task, description=what, completed=p.done if p else 0, total=(p.total or None) if p else None)
+            time.sleep(poll_s)
+
+
 def with_progress(
     work: Callable[[], T],
-    describe: Callable[[], str],
+    describe: Callable[[], pb.JobStatus],
     enabled: bool,
 ) -> T:
-    """Run work() in a thread; on a terminal, show a spinner with describe()'s
-    current phase (polled from the coordinator) and the elapsed time."""
+    """Run work() in a thread; on a terminal, show a progress bar of the
+    operation it starts (polled from the coordinator)."""
     if not enabled:
         return work()
-    from rich.console import Console
-
     result: list[Any] = []
     error: list[BaseException] = []
 
@@ -133,17 +189,9 @@ def with_progress(
             error.append(e)
 
     t = threading.Thread(target=runner, daemon=True)
-    t0 = time.monotonic()
     t.start()
-    console = Console(stderr=True)
-    with console.status("starting...") as status:
-        while t.is_alive():
-            t.join(0.25)
-            try:
-                phase = describe()
-            except CkptdError:
-                phase = ""
-            status.update(f"{phase or 'working'}  [{time.monotonic() - t0:.1f} s]")
+    watch_progress(describe, t.is_alive)
+    t.join()
     if error:
         raise error[0]
     return result[0]

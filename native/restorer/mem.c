@@ -18,6 +18,14 @@
 #ifndef MADV_WIPEONFORK
 #define MADV_WIPEONFORK 18
 #endif
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
+/* Runs at least this long get their memory allocated in one call before
+ * the read: the kernel fills a range far faster than it takes one fault
+ * per page from the copy. */
+#define POPULATE_MIN (2ull << 20)
 
 static int overlaps(uint64_t a0, uint64_t a1, uint64_t b0, uint64_t b1) { return a0 < b1 && b0 < a1; }
 
@@ -115,6 +123,8 @@ static void fill_pages(const struct rst_image *im, const struct ck_vma *v)
         if (run->vaddr < v->start || run->vaddr + len > v->end)
             rst_fail("corrupt image: page run outside its mapping", 0, 0);
         int fd = run->src ? rst.source_fd[run->src - 1] : rst.pages_fd;
+        if (len >= POPULATE_MIN && !(v->flags & CK_VMA_FILE))
+            (void)ck_madvise((void *)run->vaddr, len, MADV_POPULATE_WRITE);  /* best effort: 5.14+ */
         rst_pread_all(fd, (void *)run->vaddr, len, run->offset, "cannot read pages.img (truncated?)");
     }
 }

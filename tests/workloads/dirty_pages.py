@@ -14,7 +14,8 @@ import time
 steps, mib = int(sys.argv[1]), int(sys.argv[2])
 percent = float(sys.argv[3]) if len(sys.argv) > 3 else 1.0
 rng = random.Random(0)
-buf = bytearray(rng.randbytes(mib << 20))
+# in pieces: randbytes takes under 256 MiB at a time
+buf = bytearray(b"".join(rng.randbytes(min(64, mib - i) << 20) for i in range(0, mib, 64)))
 pages = len(buf) // 4096
 per_step = max(1, int(pages * percent / 100))
 for step in range(steps):
