@@ -35,6 +35,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 WORKLOAD = HERE / "bench_workload.py"
@@ -205,13 +206,15 @@ def bench_ranks(base: Path, nranks: int, mib: int) -> dict[str, float]:
     return {"mib": mib, "procs": nranks, "ranks": nranks, "raw_write": w, "raw_read": r, "paused_s": paused, **row}
 
 
-def bench_incremental(base: Path, mib: int, pct: float, rounds: int) -> dict[str, float]:
+def bench_incremental(base: Path, mib: int, pct: float, rounds: int, track: str) -> dict[str, Any]:
     """One process of mib MiB: a full checkpoint, then `rounds` incremental
     ones, each after pct% of its pages were rewritten; the pause of each
-    from inside; then a restart from the last (a chain of `rounds`)."""
+    from inside; then a restart from the last (a chain of `rounds`).  track:
+    how the shim finds the changed pages (CKPTD_TRACK: uffd or hash)."""
     w, r = raw_baseline(base, mib << 20)
     c = Ckptd(base / "home")
-    job = f"incr-{mib}"
+    c.env["CKPTD_TRACK"] = track  # the job inherits the launcher's environment
+    job = f"incr-{mib}-{track}"
     ckpt_dir = base / "ckpt"
     c.run("ckptd", "launch", "--detach", "--job", job, "--ckpt-dir", str(ckpt_dir), "--full-every", "100",
           "--", sys.executable, str(WORKLOAD), str(mib), "1", str(pct))  # fmt: skip
@@ -243,6 +246,7 @@ def bench_incremental(base: Path, mib: int, pct: float, rounds: int) -> dict[str
     c.run("ckptctl", "kill", job)
     return {
         "mib": mib,
+        "track": track,
         "pct": pct,
         "rounds": rounds,
         "raw_write": w,
@@ -258,17 +262,19 @@ def bench_incremental(base: Path, mib: int, pct: float, rounds: int) -> dict[str
     }
 
 
-def incremental_table(rows: list[dict[str, float]]) -> str:
+def incremental_table(rows: list[dict[str, Any]]) -> str:
     head = (
-        "| resident | dirtied | full: image MiB | full: s | full: ckpt/raw write | incremental: image MiB "
+        "| resident | changed pages found by | dirtied | full: image MiB | full: s | full: ckpt/raw write "
+        "| incremental: image MiB "
         "| incremental/full | incremental: s | paused s (full) | paused s (incremental) "
         "| restart s (chain) | restart/raw read |\n"
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
     )
     body = ""
     for r in rows:
         cells = [
             f"{r['mib']} MiB",
+            {"uffd": "write protection (userfaultfd)", "hash": "page hashes"}.get(r["track"], r["track"]),
             f"{r['pct']:g}%",
             f"{r['full_bytes'] / 2**20:.0f}",
             f"{r['full_s']:.2f}",
@@ -334,15 +340,20 @@ def main() -> int:
     )  # fmt: skip
     ap.add_argument("--dirty", type=float, default=1.0, help="percent of its pages rewritten between checkpoints")
     ap.add_argument("--rounds", type=int, default=3, help="incremental checkpoints after the full one")
+    ap.add_argument(
+        "--track", default="uffd,hash",
+        help="ways of finding the changed pages to measure, comma-separated: uffd, hash (CKPTD_TRACK)",
+    )  # fmt: skip
     ap.add_argument("--out", help="also write the table to this file")
     args = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="ckptd-bench-", dir=args.dir or "/var/tmp"))
     rows = []
-    inc_rows = []
+    inc_rows: list[dict[str, Any]] = []
     try:
         for mib in (int(s) for s in filter(None, args.incremental.split(","))):
-            print(f"benchmarking incremental checkpoints of {mib} MiB ...", file=sys.stderr, flush=True)
-            inc_rows.append(bench_incremental(base, mib, args.dirty, args.rounds))
+            print(f"benchmarking incremental checkpoints of {mib} MiB ({args.track}) ...", file=sys.stderr, flush=True)
+            for track in filter(None, args.track.split(",")):
+                inc_rows.append(bench_incremental(base, mib, args.dirty, args.rounds, track))
         for mib in (int(s) for s in filter(None, args.sizes.split(","))):
             print(f"benchmarking {mib} MiB ...", file=sys.stderr, flush=True)
             rows.append(bench_size(base, mib))

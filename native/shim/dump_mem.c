@@ -310,6 +310,54 @@ static int dump_present(struct mem_ctx *m, uint64_t start, uint64_t end, int ano
     return flush_run(m);
 }
 
+/* An incremental dump without write protection (see track.c): a present
+ * page whose hash is the one the previous image recorded at its address is
+ * taken from that image; the others are copied. */
+static int dump_hashed(struct mem_ctx *m, uint64_t start, uint64_t end)
+{
+    if (!m->scan_ok)
+        return dump_present(m, start, end, 0);
+    struct ck_pm_scan_arg a;
+    ck_pm_scan_present(&a, start, end, m->regions, REGION_VEC, CK_PAGE_IS_PRESENT | CK_PAGE_IS_SWAPPED);
+    uint64_t done = start;
+    for (;;) {
+        long n = ck_ioctl(m->pagemap_fd, CK_PAGEMAP_SCAN, &a);
+        if (n < 0) {
+            if (done == start && (n == -ENOTTY || n == -EINVAL))
+                return dump_present(m, start, end, 0);  /* nothing emitted yet: the slow way */
+            return ck_image_fail(m->im, "PAGEMAP_SCAN failed", 0, n);
+        }
+        for (long i = 0; i < n; i++) {
+            const struct ck_page_region *g = &m->regions[i];
+            uint64_t from = g->start > done ? g->start : done;
+            if (from >= g->end)
+                continue;
+            /* consecutive pages with the same verdict go out together */
+            uint64_t seg = from;
+            int seg_same = -1;
+            for (uint64_t p = from; p <= g->end; p += CK_PAGE_SIZE) {
+                int same = 0;
+                if (p < g->end) {
+                    uint64_t prev;
+                    same = ck_track_prev_hash(p, &prev) && prev == ck_page_hash((const void *)p);
+                }
+                if (p == g->end || (seg_same >= 0 && same != seg_same)) {
+                    int rc = seg_same ? emit_unchanged(m, seg, p) : emit(m, seg, p);
+                    if (rc < 0)
+                        return -1;
+                    seg = p;
+                }
+                seg_same = same;
+            }
+            done = g->end;
+        }
+        if (a.walk_end >= end)
+            break;
+        a.start = a.walk_end;
+    }
+    return flush_run(m);
+}
+
 /* a shared memory object: the pages resident in it (page cache, not just
  * this process's page tables), so pages another process wrote are kept */
 static int dump_resident(struct mem_ctx *m, uint64_t start, uint64_t end)
@@ -435,6 +483,8 @@ static int on_mapping(const struct ck_map_entry *e, void *vctx)
             v->nruns = 0;
             m->ref_bytes = refs;
         }
+        if (!e->shared && (e->prot & PROT_READ) && ck_track_hashing())
+            return dump_hashed(m, e->start, e->end);
         return dump_present(m, e->start, e->end, 0);
     }
 

@@ -431,6 +431,11 @@ __attribute__((constructor)) static void ck_shim_init(void)
     ck_shim.active = 1;
     const char *uring = getenv("CKPTD_ALLOW_IO_URING");
     ck_shim.hide_io_uring = !(uring && uring[0] == '1');
+    const char *track = getenv("CKPTD_TRACK");
+    ck_shim.track_mode = !track || !*track || !ck_strcmp(track, "auto") ? CK_TRACK_AUTO
+                         : !ck_strcmp(track, "uffd")                    ? CK_TRACK_UFFD
+                         : !ck_strcmp(track, "hash")                    ? CK_TRACK_HASH
+                                                                        : CK_TRACK_OFF;
     pthread_atfork(0, 0, after_fork_child);
     if (connect_agent() < 0 || send_hello(0) < 0)
         drop_connection();  /* the checkpoint thread keeps retrying */

@@ -26,6 +26,7 @@ struct ck_shim_state {
     int agent_fd;             /* connection to the agent, or -1 */
     int quiesce_signal;
     int hide_io_uring;        /* io_uring_setup() through syscall() says ENOSYS */
+    int track_mode;           /* CK_TRACK_*: how incremental dumps find changed pages */
     char job[128];
     char socket_path[108];
 };
@@ -116,7 +117,13 @@ void ck_image_add_own_fd(struct ck_image *im, int fd) CK_HIDDEN;
 
 /* ---- track.c: pages written since the last image ---- */
 #define CK_SOURCE_PATH 256
+/* CKPTD_TRACK: auto (the default) write-protects with userfaultfd and falls
+ * back to page hashes where the kernel refuses it; uffd and hash force one */
+enum { CK_TRACK_AUTO, CK_TRACK_UFFD, CK_TRACK_HASH, CK_TRACK_OFF };
 void ck_track_forget(void) CK_HIDDEN;
+int ck_track_hashing(void) CK_HIDDEN;
+uint64_t ck_page_hash(const void *page) CK_HIDDEN;
+int ck_track_prev_hash(uint64_t vaddr, uint64_t *hash) CK_HIDDEN;
 int ck_track_begin(struct ck_image *im, const char *base, const char *self) CK_HIDDEN;
 int ck_track_incremental(void) CK_HIDDEN;
 int ck_track_registered(uint64_t start, uint64_t end, uint32_t vmflags) CK_HIDDEN;

@@ -21,8 +21,15 @@
  *   - a parent other than the image written last (an aborted checkpoint,
  *     a restart from an older one): the agent names the parent it expects.
  *
- * The previous image's page runs live in the top of the scratch arena,
- * which is kept out of every image (CK_VMA_NOCONTENT).
+ * Where the kernel refuses an asynchronous userfaultfd (older than 6.7, or
+ * userfaultfd disabled), or with CKPTD_TRACK=hash, the shim keeps a 64-bit
+ * hash of every page of the image instead, and the next dump hashes the
+ * present pages again: a page whose hash is unchanged is taken from the
+ * previous image.  That costs a pass over the memory during the pause
+ * (scripts/bench.py --incremental measures both ways).
+ *
+ * The previous image's page runs (and hashes) live in the top of the
+ * scratch arena, which is kept out of every image (CK_VMA_NOCONTENT).
  */
 #include "shim.h"
 #include "../common/sys.h"
@@ -59,16 +66,19 @@ struct range {
 
 static struct {
     int uffd;                   /* -1: not created (or not possible here) */
-    int32_t pid;                /* the process that created it: a fork starts over */
+    int32_t pid;                /* the process that made the table: a fork starts over */
     int valid;                  /* the table describes the image named below */
+    int hashed;                 /* ... with a hash per page (else uffd tracks writes) */
     char ckpt[64];              /* its checkpoint, e.g. "ckpt-4" */
     char self[CK_SOURCE_PATH];  /* its directory, relative to the job's */
     uint64_t pages_size;        /* its pages.img */
     uint32_t nsources;
     char sources[CK_MAX_SOURCES][CK_SOURCE_PATH];
     uint64_t source_size[CK_MAX_SOURCES];
-    struct ck_page_run *runs;   /* in the keep region */
+    struct ck_page_run *runs;   /* in the keep region; pad: index of the run's first hash */
     uint64_t nruns, cap;
+    uint64_t *hashes;           /* in the keep region: one per page of the runs, in order */
+    uint64_t hcap;
     struct range *ranges;       /* what we registered, in the keep region */
     uint64_t nranges;
 } tr = {.uffd = -1};
@@ -80,6 +90,9 @@ static struct {
     char self[CK_SOURCE_PATH];
     uint32_t map[CK_MAX_SOURCES + 1];  /* previous src -> this image's src (0: none yet) */
 } cur;
+
+/* the run the last lookup by hash found: pages are asked for in order */
+static const struct ck_page_run *hash_run;
 
 void ck_track_forget(void)
 {
@@ -122,9 +135,13 @@ static int ensure_keep(void)
     char *keep = ck_arena_keep(&size);
     if (!keep)
         return -1;
+    /* ranges | runs | hashes: half of what is left to each table */
+    size_t left = (size - MAX_RANGES * sizeof(struct range)) / 2;
     tr.ranges = (struct range *)keep;
     tr.runs = (struct ck_page_run *)(keep + MAX_RANGES * sizeof(struct range));
-    tr.cap = (size - MAX_RANGES * sizeof(struct range)) / sizeof(struct ck_page_run);
+    tr.cap = left / sizeof(struct ck_page_run);
+    tr.hashes = (uint64_t *)(keep + MAX_RANGES * sizeof(struct range) + left);
+    tr.hcap = left / sizeof(uint64_t);
     return 0;
 }
 
@@ -153,6 +170,9 @@ static int still_ours(int fd)
 int ck_track_begin(struct ck_image *im, const char *base, const char *self)
 {
     ck_memset(&cur, 0, sizeof(cur));
+    hash_run = 0;
+    if (tr.hashed && tr.pid != (int32_t)ck_getpid())
+        tr.valid = 0;  /* a forked child: its own images from the next one on */
     if (tr.uffd >= 0 && tr.pid != (int32_t)ck_getpid()) {
         /* a forked child holds its parent's descriptor, and none of the registrations */
         ck_close(tr.uffd);
@@ -179,12 +199,68 @@ int ck_track_begin(struct ck_image *im, const char *base, const char *self)
         return 0;
     ck_memcpy(cur.ckpt, self, n);
     cur.ckpt[n] = 0;
-    cur.usable = tr.valid && tr.uffd >= 0 && base && base[0] && !ck_strcmp(base, tr.ckpt);
+    cur.usable = tr.valid && (tr.uffd >= 0 || tr.hashed) && base && base[0] && !ck_strcmp(base, tr.ckpt);
     tr.valid = 0;  /* until this dump succeeds: a failed one may have re-armed pages */
     return 0;
 }
 
 int ck_track_incremental(void) { return cur.usable; }
+
+/* this dump compares page hashes with the previous image's */
+int ck_track_hashing(void) { return cur.usable && tr.hashed; }
+
+static uint64_t rotl64(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+
+#define HP1 0x9E3779B185EBCA87ull
+#define HP2 0xC2B2AE3D27D4EB4Full
+#define HP3 0x165667B19E3779F9ull
+#define HP4 0x85EBCA77C2B2AE63ull
+
+static uint64_t hash_round(uint64_t acc, uint64_t word)
+{
+    acc += word * HP2;
+    return rotl64(acc, 31) * HP1;
+}
+
+/* A 64-bit hash of one page: four independent multiply-rotate lanes (the
+ * CPU runs them side by side), merged and mixed at the end.  Never 0:
+ * that value means "no hash" in the table. */
+uint64_t ck_page_hash(const void *page)
+{
+    const uint64_t *w = page;
+    uint64_t a = HP1 + HP2, b = HP2, c = 0, d = (uint64_t)0 - HP1;
+    for (unsigned i = 0; i < CK_PAGE_SIZE / 8; i += 4) {
+        a = hash_round(a, w[i]);
+        b = hash_round(b, w[i + 1]);
+        c = hash_round(c, w[i + 2]);
+        d = hash_round(d, w[i + 3]);
+    }
+    uint64_t h = rotl64(a, 1) + rotl64(b, 7) + rotl64(c, 12) + rotl64(d, 18);
+    h = (h ^ hash_round(0, a)) * HP1 + HP4;
+    h = (h ^ hash_round(0, b)) * HP1 + HP4;
+    h = (h ^ hash_round(0, c)) * HP1 + HP4;
+    h = (h ^ hash_round(0, d)) * HP1 + HP4;
+    h ^= h >> 33;
+    h *= HP2;
+    h ^= h >> 29;
+    h *= HP3;
+    h ^= h >> 32;
+    return h ? h : 1;
+}
+
+/* the previous image's hash of the page at vaddr; 0 if it has none */
+int ck_track_prev_hash(uint64_t vaddr, uint64_t *hash)
+{
+    const struct ck_page_run *r = hash_run;
+    if (!r || vaddr < r->vaddr || vaddr >= r->vaddr + r->npages * CK_PAGE_SIZE) {
+        uint64_t next;
+        r = hash_run = ck_track_lookup(vaddr, &next);
+    }
+    if (!r || !tr.hashed)
+        return 0;
+    *hash = tr.hashes[r->pad + (vaddr - r->vaddr) / CK_PAGE_SIZE];
+    return *hash != 0;
+}
 
 /* registered by us, and still registered (smaps says "uw") */
 int ck_track_registered(uint64_t start, uint64_t end, uint32_t vmflags)
@@ -275,14 +351,75 @@ static void arm_range(int pagemap_fd, uint64_t start, uint64_t end)
     }
 }
 
-/* The dump succeeded: remember its runs, protect what is not yet protected.
+static int commit_hashes(struct ck_image *im);
+static void commit_protection(struct ck_image *im);
+
+/* The dump succeeded: remember its runs, protect what is not yet protected
+ * (or hash what it holds).
  * Every thread is still parked, so no write slips between image and arming. */
 void ck_track_commit(struct ck_image *im, uint64_t pages_size)
 {
-    if (!cur.self[0] || ensure_keep() < 0 || open_uffd() < 0)
+    int mode = ck_shim.track_mode;
+    if (!cur.self[0] || mode == CK_TRACK_OFF || ensure_keep() < 0)
         return;
     if (im->runs.count > tr.cap || im->sources.count > CK_MAX_SOURCES)
         return;
+    int hashed = mode == CK_TRACK_HASH;
+    if (!hashed && open_uffd() < 0) {
+        if (mode == CK_TRACK_UFFD)
+            return;  /* asked for write protection only: full images from now on */
+        hashed = 1;  /* the kernel refuses it: hash the pages instead */
+    }
+    if (hashed) {
+        if (commit_hashes(im) < 0)
+            return;
+    } else {
+        commit_protection(im);
+    }
+    tr.hashed = hashed;
+    tr.pid = (int32_t)ck_getpid();
+    ck_memcpy(tr.runs, ck_table_at(&im->runs, 0), im->runs.count * sizeof(struct ck_page_run));
+    tr.nruns = im->runs.count;
+    uint64_t first = 0;
+    for (uint64_t i = 0; i < tr.nruns; i++) {  /* the hash index of each run's first page */
+        tr.runs[i].pad = hashed ? (uint32_t)first : 0;
+        first += tr.runs[i].npages;
+    }
+    tr.nsources = (uint32_t)im->sources.count;
+    for (uint32_t i = 0; i < tr.nsources; i++) {
+        const struct ck_page_source *s = ck_table_at(&im->sources, i);
+        copy_str(tr.sources[i], CK_SOURCE_PATH, (const char *)im->strings.base + s->path);
+        tr.source_size[i] = s->size;
+    }
+    copy_str(tr.ckpt, sizeof(tr.ckpt), cur.ckpt);
+    copy_str(tr.self, sizeof(tr.self), cur.self);
+    tr.pages_size = pages_size;
+    tr.valid = 1;
+}
+
+/* Hash every page of the image's runs, in run order.  Every thread is still
+ * parked, so memory is what the image holds.  A page of an unreadable
+ * mapping gets no hash (it is copied every time). */
+static int commit_hashes(struct ck_image *im)
+{
+    uint64_t k = 0;
+    for (uint64_t i = 0; i < im->vmas.count; i++) {
+        const struct ck_vma *v = ck_table_at(&im->vmas, i);
+        for (uint64_t r = v->first_run; r < v->first_run + v->nruns; r++) {
+            const struct ck_page_run *run = ck_table_at(&im->runs, r);
+            if (k + run->npages > tr.hcap || k + run->npages > UINT32_MAX)
+                return -1;  /* too big to track: full images */
+            for (uint64_t p = 0; p < run->npages; p++)
+                tr.hashes[k++] = (v->prot & PROT_READ) ? ck_page_hash((const void *)(run->vaddr + p * CK_PAGE_SIZE)) : 0;
+        }
+    }
+    tr.nranges = 0;
+    return 0;
+}
+
+/* Write-protect what is not yet protected (see the top of this file). */
+static void commit_protection(struct ck_image *im)
+{
     /* registrations that no longer match a mapping are dropped; the ones
      * still in place ("uw") were re-protected page by page by the scan */
     uint64_t kept = 0;
@@ -306,16 +443,4 @@ void ck_track_commit(struct ck_image *im, uint64_t pages_size)
             arm_range(pagemap_fd, v->start, v->end);
     }
     ck_close(pagemap_fd);
-    ck_memcpy(tr.runs, ck_table_at(&im->runs, 0), im->runs.count * sizeof(struct ck_page_run));
-    tr.nruns = im->runs.count;
-    tr.nsources = (uint32_t)im->sources.count;
-    for (uint32_t i = 0; i < tr.nsources; i++) {
-        const struct ck_page_source *s = ck_table_at(&im->sources, i);
-        copy_str(tr.sources[i], CK_SOURCE_PATH, (const char *)im->strings.base + s->path);
-        tr.source_size[i] = s->size;
-    }
-    copy_str(tr.ckpt, sizeof(tr.ckpt), cur.ckpt);
-    copy_str(tr.self, sizeof(tr.self), cur.self);
-    tr.pages_size = pages_size;
-    tr.valid = 1;
 }
