@@ -32,6 +32,7 @@ from typing import Any
 import psutil
 
 from ckptd.errors import CkptdError, Code
+from ckptd.image import dedup
 from ckptd.image.checksum import ALGORITHM, IdentityCache, fsync_path
 from ckptd.image.core import CoreImage
 from ckptd.image.manifest import checksum_entries, list_files
@@ -67,12 +68,13 @@ def _storage_error(message: str, directory: str) -> CkptdError:
     return CkptdError(Code.FAILED_PRECONDITION, f"cannot checkpoint: {message}")
 
 
-def _depends_on(directory: Path, processes: Iterable[pb.ProcessDump]) -> list[str]:
-    """The earlier checkpoints whose pages these images refer to (the first
-    component of each page source's job-relative path)."""
+def _depends_on(directory: Path, processes: Iterable[pb.ProcessDump], everyone: bool = False) -> list[str]:
+    """The checkpoints whose pages these images refer to (the first
+    component of each page source's job-relative path; the coordinator
+    drops this checkpoint's own name, which deduplicated images name)."""
     names: set[str] = set()
     for p in processes:
-        if p.ref_bytes:
+        if p.ref_bytes or everyone:
             try:
                 core = CoreImage.load(directory / p.dir / "core.img")
             except CkptdError as e:
@@ -379,9 +381,47 @@ class Checkpointer:
 
     # ---- finalize (the job is running again) ----
 
-    def finalize(self, job: JobRuntime, directory: str) -> dict[str, Any]:
+    def _dedup(self, job: JobRuntime, d: Path, dumps: list[pb.ProcessDump], peer_dir: str, peer_final: str) -> int:
+        """Pages rank 0's images of this round hold alike are stored once, in
+        rank 0's (ckptd/image/dedup.py).  Returns the bytes no longer stored
+        here.  Each process's shim takes its rewritten runs first (REBASE);
+        one that cannot keeps its image as it was."""
+        with self.transfers.running(job.name, Transfer("deduplicating", 0)):
+            try:
+                peer = dedup.index_peer(Path(peer_dir), peer_final)
+            except (OSError, CkptdError) as e:
+                log.warning("job %s: no deduplication against %s: %s", job.name, peer_dir, e)
+                return 0
+            saved = 0
+            try:
+                for pd in dumps:
+                    proc_dir = d / pd.dir
+                    rw = dedup.plan(proc_dir, peer)
+                    if rw is None:
+                        continue
+                    with job.cond:
+                        conn = job.shims.get(pd.host_pid)
+                    try:
+                        if conn is None:
+                            raise ShimError(Code.UNAVAILABLE, "the process is gone")
+                        image = "/".join([*peer_final.split("/")[:1], d.name, pd.dir])
+                        conn.request("REBASE", timeout=30, core=str(rw.new_core), image=image)
+                    except ShimError as e:
+                        log.info("job %s: pid %d keeps its own pages: %s", job.name, pd.pid, e.message)
+                        dedup.discard(rw)
+                        continue
+                    dedup.apply(rw)
+                    saved += rw.deduped_bytes
+            finally:
+                peer.close()
+        return saved
+
+    def finalize(
+        self, job: JobRuntime, directory: str, dedup_with: str = "", dedup_with_final: str = ""
+    ) -> dict[str, Any]:
         d = Path(directory)
         dumps, tree, (log_bytes, index_bytes) = self._dumps.pop(job.name, ([], {}, (0, 0)))
+        deduped = self._dedup(job, d, dumps, dedup_with, dedup_with_final) if dedup_with else 0
         # a tree that could not be rebuilt is refused: the checkpoint is
         # discarded, and the job, already running again, runs on
         procs = [{"dir": pd.dir} for pd in dumps]
@@ -396,7 +436,7 @@ class Checkpointer:
             copy_prefix(job.job_dir.index, d / "output.idx", index_bytes)
         except OSError as e:
             raise _storage_error(f"cannot save the job's log: {e.strerror} (errno {e.errno})", directory) from e
-        depends_on = _depends_on(d, dumps)
+        depends_on = _depends_on(d, dumps, everyone=bool(deduped))
         processes: list[dict[str, Any]] = []
         written: dict[str, dict[str, Any]] = {}
         read: dict[str, dict[str, Any]] = {}
@@ -464,6 +504,7 @@ class Checkpointer:
             "mapped_files": mapped_entries,
             "files": files,
             "depends_on": depends_on,
+            "dedup_bytes": deduped,
         }
 
 

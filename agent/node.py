@@ -354,5 +354,5 @@ class AgentNode:
         self._on_change(job)
         return True
 
-    def manifest_part(self, job: JobRuntime, directory: str) -> dict[str, Any]:
-        return self.checkpointer.finalize(job, directory)
+    def manifest_part(self, job: JobRuntime, request: pb.FinalizeRequest) -> dict[str, Any]:
+        return self.checkpointer.finalize(job, request.dir, request.dedup_with, request.dedup_with_final)

@@ -116,7 +116,7 @@ class AgentService(pb_grpc.AgentServicer):
 
     @rpc_method
     def Finalize(self, request: pb.FinalizeRequest, context: grpc.ServicerContext) -> pb.FinalizeResponse:
-        part = self.node.manifest_part(self.node.get(request.job), request.dir)
+        part = self.node.manifest_part(self.node.get(request.job), request)
         return pb.FinalizeResponse(manifest_part_json=json.dumps(part))
 
     @rpc_method

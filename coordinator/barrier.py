@@ -202,19 +202,26 @@ class CheckpointRound:
                 phase("resume_s", "resuming", "Resume", request, 60)
                 parked = {}
             timings["stall_s"] = time.monotonic() - t_pause  # as seen from outside: an upper bound
-            parts = phase(
-                "finalize_s",
-                "checksums and fsync",
-                "Finalize",
-                lambda t: pb.FinalizeRequest(job=t.name, checkpoint_id=ckpt_id, dir=str(dirs[t])),
-                LONG_RPC_S,
-            )
+            # with --dedup, ranks other than 0 store only what rank 0's images do not hold
+            rank0 = next((t for t in targets if t.rank and t.rank.rank == 0), None)
+
+            def finalize(t: Target) -> pb.FinalizeRequest:
+                req = pb.FinalizeRequest(job=t.name, checkpoint_id=ckpt_id, dir=str(dirs[t]))
+                if record.spec.dedup and rank0 is not None and t is not rank0:
+                    req.dedup_with = str(dirs[rank0])
+                    req.dedup_with_final = f"{name}/{dirs[rank0].name}"
+                return req
+
+            parts = phase("finalize_s", "checksums and fsync", "Finalize", finalize, LONG_RPC_S)
             self.set_operation(f"checkpoint {ckpt_id}: committing")
             timings["total_s"] = time.monotonic() - t0
             manifest = self._manifest(
                 ckpt_id=ckpt_id, targets=targets, prep=prep, dumps=dumps, parts=parts, dirs=dirs, timings=timings
             )
-            depends = sorted({d for p in parts.values() for d in json.loads(p.manifest_part_json)["depends_on"]})
+            # deduplicated images name this checkpoint's own rank 0: not a dependency
+            depends = sorted(
+                {d for p in parts.values() for d in json.loads(p.manifest_part_json)["depends_on"]} - {name}
+            )
             manifest["chain"] = {"parent": parent if depends else "", "depends_on": depends,
                                  "depth": parent_depth + 1 if depends else 0}  # fmt: skip
             write_manifest(tmp, manifest)
@@ -272,6 +279,7 @@ class CheckpointRound:
             dump = dumps[t]
             part: dict[str, Any] = json.loads(parts[t].manifest_part_json)
             part.pop("depends_on", None)  # the job's manifest has it, under "chain"
+            dedup_bytes = int(part.pop("dedup_bytes", 0))
             return {
                 "job": t.name,
                 "id": ckpt_id,
@@ -287,6 +295,8 @@ class CheckpointRound:
                     "ref_bytes": sum(p.ref_bytes for p in dump.processes),
                     "core_bytes": sum(p.core_bytes for p in dump.processes),
                     "files_bytes": sum(p.files_bytes for p in dump.processes),
+                    # pages this rank's images take from rank 0's, no longer stored here
+                    "dedup_bytes": dedup_bytes,
                 },
                 **part,
             }
@@ -297,7 +307,7 @@ class CheckpointRound:
         # (an agent restores it alone); the job's manifest lists them
         ranks = []
         files: list[dict[str, Any]] = []
-        sizes = {"pages_bytes": 0, "ref_bytes": 0, "core_bytes": 0, "files_bytes": 0}
+        sizes = {"pages_bytes": 0, "ref_bytes": 0, "core_bytes": 0, "files_bytes": 0, "dedup_bytes": 0}
         processes: list[dict[str, Any]] = []
         for t in targets:
             assert t.rank is not None

@@ -58,7 +58,9 @@ def info_from_manifest(job: str, path: Path) -> pb.CheckpointInfo:
     m = load_manifest(path)
     t = m.get("timings", {})
     chain = m.get("chain") or {}
-    stored = total_bytes(m)
+    sizes = m.get("sizes", {})
+    deduped = int(sizes.get("dedup_bytes", 0))  # punched out of the files: listed, not stored
+    stored = total_bytes(m) - deduped
     return pb.CheckpointInfo(
         job=job,
         id=int(m["id"]),
@@ -66,7 +68,8 @@ def info_from_manifest(job: str, path: Path) -> pb.CheckpointInfo:
         path=str(path),
         created=m.get("created", ""),
         size_bytes=stored,
-        logical_bytes=stored + int(m.get("sizes", {}).get("ref_bytes", 0)),
+        logical_bytes=stored + deduped + int(sizes.get("ref_bytes", 0)),
+        dedup_bytes=deduped,
         parent=chain.get("parent", ""),
         depends_on=chain.get("depends_on", []),
         duration_s=float(t.get("total_s", 0)),

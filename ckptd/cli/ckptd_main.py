@@ -65,6 +65,9 @@ def cmd_launch(args: argparse.Namespace) -> int:
     if args.ranks is not None and args.ranks < 1:
         note("error: --ranks must be at least 1")
         return EXIT_USAGE
+    if args.dedup and not (args.ranks or args.nodes):
+        note("error: --dedup stores pages once across the ranks of a job: add --ranks N or --nodes A,B")
+        return EXIT_USAGE
     home = Home.from_env()
     address = coordinator_address(home)
     spec = pb.JobSpec(
@@ -81,6 +84,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
         keep_last=args.keep or 0,
         keep_every=args.keep_every or 0,
         full_every=args.full_every or 0,
+        dedup=args.dedup,
     )
     multi = bool(spec.nranks or spec.nodes)
     node = "" if multi else args.node or (default_node() if os.environ.get("CKPTD_COORDINATOR") else "")
@@ -204,6 +208,11 @@ def parser() -> argparse.ArgumentParser:
         "--full-every", type=int, metavar="N",
         help="incremental checkpoints: write a full one at least every N checkpoints, the others hold only "
         "the pages written since the previous one (default 16; 1: every checkpoint full)",
+    )  # fmt: skip
+    launch.add_argument(
+        "--dedup", action="store_true",
+        help="with --ranks or --nodes: pages a rank holds exactly as rank 0 does (data-parallel weights) "
+        "are stored once per checkpoint, in rank 0's image",
     )  # fmt: skip
     launch.add_argument("--node", help="run on this node (default: this machine's agent)")
     launch.add_argument(

@@ -12,6 +12,9 @@
  *                   image's final directory relative to the job's, depth levels down)
  *                   (retry=1: a passing state, e.g. descriptors in flight; worth another round)
  *   agent -> shim   RESUME / ABORT        -> RESUMED
+ *   agent -> shim   REBASE core= image=   -> REBASED | ERROR msg=
+ *                   (the agent rewrote the last image, core.img at core=:
+ *                   the next one refers to its pages where they are now)
  *   agent -> shim   PING                  -> PONG
  * If the connection drops while threads are parked they are released: a
  * job is never left frozen because its agent died.
@@ -371,6 +374,14 @@ static void command_loop(void)
                 ck_release();
             ck_arena_reset();
             reply_simple("RESUMED");
+        } else if (ck_startswith(line, "REBASE")) {
+            static char core[4096], image[CK_SOURCE_PATH];
+            const char *c = msg_copy(line, "core", core, sizeof(core));
+            const char *i = msg_copy(line, "image", image, sizeof(image));
+            if (c && i && ck_track_rebase(c, i) == 0)
+                reply_simple("REBASED");
+            else
+                reply_error("cannot take the rewritten image's page runs");
         } else if (ck_startswith(line, "PING")) {
             reply_simple("PONG");
         } else {

@@ -130,6 +130,7 @@ int ck_track_registered(uint64_t start, uint64_t end, uint32_t vmflags) CK_HIDDE
 const struct ck_page_run *ck_track_lookup(uint64_t vaddr, uint64_t *next) CK_HIDDEN;
 uint32_t ck_track_source(struct ck_image *im, uint32_t prev_src) CK_HIDDEN;
 void ck_track_commit(struct ck_image *im, uint64_t pages_size) CK_HIDDEN;
+int ck_track_rebase(const char *core_path, const char *self) CK_HIDDEN;
 
 /* ---- dump_mem.c ---- */
 /* read smaps while the job still runs: parsing it is slow for big mappings */

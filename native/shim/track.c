@@ -444,3 +444,81 @@ static void commit_protection(struct ck_image *im)
     }
     ck_close(pagemap_fd);
 }
+
+/* The agent rewrote this process's last image after the dump (pages that
+ * another rank's image holds alike now point there, and their copies here
+ * are gone): take its runs and sources from the rewritten core.img, so
+ * that the next image points where the pages are now.  Same pages in the
+ * same order, so page hashes stay valid. */
+int ck_track_rebase(const char *core_path, const char *self)
+{
+    if (!tr.valid || !self || ck_strcmp(self, tr.self) != 0)
+        return -ESTALE;  /* not the image the table describes: nothing to do */
+    if (ck_arena_setup() < 0)
+        return -ENOMEM;
+    size_t cap = 64u << 20;
+    char *buf = ck_arena_alloc(cap);
+    if (!buf)
+        return -ENOMEM;
+    long n = ck_read_file(core_path, buf, cap);
+    int rc = -EINVAL;
+    const struct ck_header *h = (const struct ck_header *)buf;
+    if (n < 0) {
+        rc = (int)n;
+        goto out;
+    }
+    if ((size_t)n < sizeof(*h) || h->magic != CK_CORE_MAGIC || h->version != CK_CORE_VERSION ||
+        h->file_size != (uint64_t)n || h->nsections > CK_MAX_SECTIONS)
+        goto out;
+    const struct ck_section *runs = 0, *sources = 0, *strings = 0;
+    for (uint32_t i = 0; i < h->nsections; i++) {
+        const struct ck_section *sec = &h->sections[i];
+        if (sec->offset > (uint64_t)n || sec->size > (uint64_t)n - sec->offset)
+            goto out;
+        if (sec->type == CK_SEC_RUNS)
+            runs = sec;
+        else if (sec->type == CK_SEC_SOURCES)
+            sources = sec;
+        else if (sec->type == CK_SEC_STRINGS)
+            strings = sec;
+    }
+    if (!runs || runs->size != runs->count * sizeof(struct ck_page_run) || runs->count > tr.cap ||
+        runs->offset % 8)
+        goto out;
+    uint32_t nsrc = sources ? sources->count : 0;
+    if (nsrc > CK_MAX_SOURCES || (nsrc && (!strings || sources->size != nsrc * sizeof(struct ck_page_source))))
+        goto out;
+    const struct ck_page_run *r = (const struct ck_page_run *)(buf + runs->offset);
+    uint64_t pages = 0, before = 0;
+    for (uint64_t i = 0; i < runs->count; i++)
+        pages += r[i].npages;
+    for (uint64_t i = 0; i < tr.nruns; i++)
+        before += tr.runs[i].npages;
+    if (pages != before)
+        goto out;  /* not the same pages: keep what we have */
+    const struct ck_page_source *s = nsrc ? (const struct ck_page_source *)(buf + sources->offset) : 0;
+    for (uint32_t i = 0; i < nsrc; i++)
+        if (s[i].path >= strings->size)
+            goto out;
+    ck_memcpy(tr.runs, r, runs->count * sizeof(struct ck_page_run));
+    tr.nruns = runs->count;
+    uint64_t first = 0;
+    for (uint64_t i = 0; i < tr.nruns; i++) {
+        tr.runs[i].pad = tr.hashed ? (uint32_t)first : 0;
+        first += tr.runs[i].npages;
+    }
+    const char *str = buf + (strings ? strings->offset : 0);
+    for (uint32_t i = 0; i < nsrc; i++) {
+        size_t left = strings->size - s[i].path, k = 0;
+        char *to = tr.sources[i];
+        for (; k < left && k + 1 < CK_SOURCE_PATH && str[s[i].path + k]; k++)
+            to[k] = str[s[i].path + k];
+        to[k] = 0;
+        tr.source_size[i] = s[i].size;
+    }
+    tr.nsources = nsrc;
+    rc = 0;
+out:
+    ck_arena_reset();
+    return rc;
+}

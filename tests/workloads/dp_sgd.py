@@ -6,7 +6,10 @@ weights back to everyone (a star all-reduce).  Each rank prints its loss
 per step; rank 0 prints a digest of the final weights.  The output depends
 only on the seed and the rank count, never on addresses or timing.
 
-    dp_sgd.py [--steps N] [--dim D] [--delay S]
+    dp_sgd.py [--steps N] [--dim D] [--delay S] [--model-mib M]
+    (--model-mib: every rank also holds M MiB of "model" that changes the
+    same way on every rank, as data-parallel replicas do; each rank prints
+    its digest at the end)
     rank, ranks and rank 0's address from $CKPTD_RANK, $CKPTD_NRANKS,
     $CKPTD_MASTER_ADDR (default 127.0.0.1), port $DP_PORT (default 29411)
 """
@@ -60,6 +63,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--dim", type=int, default=32768)
     ap.add_argument("--delay", type=float, default=0.02)
+    ap.add_argument("--model-mib", type=int, default=0)
     args = ap.parse_args()
     rank = int(os.environ.get("CKPTD_RANK", "0"))
     nranks = int(os.environ.get("CKPTD_NRANKS", "1"))
@@ -71,6 +75,8 @@ def main() -> int:
     true_w = np.random.default_rng(99).standard_normal(args.dim)
     y = x @ true_w
     w = np.zeros(args.dim)
+    # the replicated model: the same seed on every rank, the same updates
+    model = np.random.default_rng(7).standard_normal(args.model_mib << 17)
 
     peers: list[socket.socket] = []
     if rank == 0:
@@ -103,10 +109,15 @@ def main() -> int:
         else:
             send_array(peers[0], grad)
             w = recv_array(peers[0])
+        if len(model):
+            at = (step * 4096) % len(model)
+            model[at : at + 4096] += w[:64].sum()  # w is bitwise the same on every rank
         print(f"rank {rank} step {step:4d} loss {loss:.12f}", flush=True)
         time.sleep(args.delay)
     if rank == 0:
         print(f"weights {hashlib.sha256(w.tobytes()).hexdigest()}", flush=True)
+    if len(model):
+        print(f"rank {rank} model {hashlib.sha256(model.tobytes()).hexdigest()}", flush=True)
     print(f"rank {rank} done", flush=True)
     return 0
 
