@@ -40,6 +40,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 WORKLOAD = HERE / "bench_workload.py"
 RANK_WORKLOAD = HERE / "bench_rank_workload.py"
+DP_WORKLOAD = HERE.parent / "tests" / "workloads" / "dp_sgd.py"  # data-parallel ranks with a replicated model
 CHUNK = 8 << 20
 
 
@@ -262,6 +263,59 @@ def bench_incremental(base: Path, mib: int, pct: float, rounds: int, track: str)
     }
 
 
+def allocated(directory: Path) -> int:
+    """Bytes the files under directory take on disk (holes excluded)."""
+    return sum(p.stat().st_blocks * 512 for p in directory.rglob("*") if p.is_file())
+
+
+def bench_dedup(base: Path, mib: int, dedup: bool) -> dict[str, Any]:
+    """Two data-parallel ranks each holding the same mib MiB model: one
+    checkpoint, with or without --dedup; what it stores on disk."""
+    c = Ckptd(base / "home")
+    job = f"dedup-{mib}-{int(dedup)}"
+    ckpt_dir = base / "ckpt"
+    extra = ["--dedup"] if dedup else []
+    c.run("ckptd", "launch", "--detach", "--job", job, "--ckpt-dir", str(ckpt_dir), "--ranks", "2", *extra,
+          "--", sys.executable, str(DP_WORKLOAD), "--steps", "100000", "--dim", "4096", "--delay", "0.05",
+          "--model-mib", str(mib))  # fmt: skip
+    logs = [ckpt_dir / job / f"rank-{k}" / "output.log" for k in range(2)]
+    for log in logs:
+        wait_line(log, f"rank {logs.index(log)} step   10")
+    info = c.json("ckptctl", "checkpoint", job)
+    listed = {i["name"]: i for i in c.json_list("ckptctl", "list", job)}[info["name"]]
+    on_disk = allocated(Path(info["path"]))
+    c.run("ckptctl", "kill", job)
+    return {
+        "mib": mib,
+        "dedup": dedup,
+        "logical": int(listed["logical_bytes"]),
+        "stored": int(listed["size_bytes"]),
+        "on_disk": on_disk,
+        "ckpt_s": float(info["duration_s"]),
+        "paused_s": float(info["stall_s"]),
+    }
+
+
+def dedup_table(rows: list[dict[str, Any]]) -> str:
+    head = (
+        "| model per rank | --dedup | logical MiB | on disk MiB | on disk / one model | checkpoint s | paused s |\n"
+        "|---:|---|---:|---:|---:|---:|---:|\n"
+    )
+    body = ""
+    for r in rows:
+        cells = [
+            f"{r['mib']} MiB",
+            "yes" if r["dedup"] else "no",
+            f"{r['logical'] / 2**20:.0f}",
+            f"{r['on_disk'] / 2**20:.0f}",
+            f"{r['on_disk'] / (r['mib'] << 20):.2f}",
+            f"{r['ckpt_s']:.2f}",
+            f"{r['paused_s']:.3f}",
+        ]
+        body += "| " + " | ".join(cells) + " |\n"
+    return head + body
+
+
 def incremental_table(rows: list[dict[str, Any]]) -> str:
     head = (
         "| resident | changed pages found by | dirtied | full: image MiB | full: s | full: ckpt/raw write "
@@ -344,11 +398,17 @@ def main() -> int:
         "--track", default="uffd,hash",
         help="ways of finding the changed pages to measure, comma-separated: uffd, hash (CKPTD_TRACK)",
     )  # fmt: skip
+    ap.add_argument(
+        "--dedup", default="",
+        help="two data-parallel ranks with a replicated model of this many MiB, checkpointed without and "
+        "with --dedup (root; '' for none)",
+    )  # fmt: skip
     ap.add_argument("--out", help="also write the table to this file")
     args = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="ckptd-bench-", dir=args.dir or "/var/tmp"))
     rows = []
     inc_rows: list[dict[str, Any]] = []
+    dedup_rows: list[dict[str, Any]] = []
     try:
         for mib in (int(s) for s in filter(None, args.incremental.split(","))):
             print(f"benchmarking incremental checkpoints of {mib} MiB ({args.track}) ...", file=sys.stderr, flush=True)
@@ -364,6 +424,10 @@ def main() -> int:
         for n in (int(x) for x in filter(None, args.ranks.split(","))):
             print(f"benchmarking {n} rank(s) of {args.rank_mib} MiB ...", file=sys.stderr, flush=True)
             rows.append(bench_ranks(base, n, args.rank_mib))
+        for mib in (int(x) for x in filter(None, args.dedup.split(","))):
+            for on in (False, True):
+                print(f"benchmarking 2 ranks of {mib} MiB, dedup {on} ...", file=sys.stderr, flush=True)
+                dedup_rows.append(bench_dedup(base, mib, on))
         if shutil.which("dmtcp_launch"):
             print("dmtcp_launch found, but the DMTCP comparison is not implemented yet", file=sys.stderr)
         else:
@@ -379,6 +443,8 @@ def main() -> int:
     text = table(rows, Path(args.dir or "/var/tmp")) if rows else ""
     if inc_rows:
         text += "\nIncremental checkpoints:\n\n" + incremental_table(inc_rows)
+    if dedup_rows:
+        text += "\nTwo data-parallel ranks with the same model:\n\n" + dedup_table(dedup_rows)
     sys.stdout.write(text)
     if args.out:
         Path(args.out).write_text(text)
