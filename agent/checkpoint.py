@@ -39,6 +39,7 @@ from ckptd.image.manifest import checksum_entries, list_files
 from ckptd.image.plan import PlanError, plan_for_checkpoint
 from ckptd.v1 import ckptd_pb2 as pb
 
+from .gpu import DeviceMemory, cuda_pids
 from .progress import Transfer, Transfers, resident_anon
 from .runtime import JobRuntime, exe_of, ns_pid
 from .shim_link import ShimConnection, ShimError
@@ -102,6 +103,8 @@ class Checkpointer:
         self._dumps: dict[str, tuple[list[pb.ProcessDump], dict[str, Any], tuple[int, int]]] = {}
         self._drained: set[str] = set()
         self._cancelled: dict[str, int] = {}  # job -> checkpoint aborted while its prepare ran
+        self._device: dict[str, DeviceMemory] = {}  # job -> its CUDA processes' memory, moved to host
+        self._cuda_dumped: dict[str, set[int]] = {}  # job -> host pids dumped with their GPU memory
 
     def parked_jobs(self) -> list[str]:
         return list(self._parked)
@@ -199,8 +202,10 @@ class Checkpointer:
         try:
             if self._cancelled.get(job.name) == ckpt_id:
                 raise CkptdError(Code.ABORTED, f"checkpoint {ckpt_id} of job {job.name} was aborted before it began")
+            self._device_to_host(job, ckpt_id, timeout_s)
             parked, threads = self._quiesce_tree(job, timeout_s)
         except CkptdError:
+            self._device_back(job, quiet=True)  # the first error is the one to report
             self._back_to_running(job)
             raise
         with job.cond:  # against an abort() arriving in between
@@ -209,12 +214,38 @@ class Checkpointer:
                 self._parked[job.name] = parked
         if abandoned:
             self._release(parked, "ABORT")
+            self._device_back(job)
             self._back_to_running(job)
             raise CkptdError(
                 Code.DEADLINE_EXCEEDED, f"checkpoint {ckpt_id} of job {job.name} was abandoned while pausing it"
             )
         self._drained.discard(job.name)
         return pb.PrepareResponse(processes=len(parked), threads=threads)
+
+    def _device_to_host(self, job: JobRuntime, ckpt_id: int, timeout_s: float) -> None:
+        """CUDA processes: their device memory into their host memory, before
+        anything is parked (agent/gpu.py).  A job that never touched CUDA
+        has nothing to do here."""
+        pids = cuda_pids(job.live_pids())
+        self._cuda_dumped[job.name] = set(pids)
+        if not pids:
+            return
+        with job.cond:
+            job.operation = f"checkpoint {ckpt_id}: moving GPU memory to host memory"
+        device = DeviceMemory(pids)
+        device.move_to_host(int(timeout_s * 1000))
+        self._device[job.name] = device
+
+    def _device_back(self, job: JobRuntime, *, quiet: bool = False) -> None:
+        device = self._device.pop(job.name, None)
+        if device is None:
+            return
+        try:
+            device.back_to_device()
+        except CkptdError as e:
+            if not quiet:
+                raise
+            log.error("job %s: %s", job.name, e.message)
 
     @staticmethod
     def _check_space(job: JobRuntime, directory: str) -> None:
@@ -360,13 +391,17 @@ class Checkpointer:
     def resume(self, job: JobRuntime) -> None:
         self._drained.discard(job.name)
         self._release(self._parked.pop(job.name, []), "RESUME")
-        self._back_to_running(job)
+        try:
+            self._device_back(job)  # the driver's threads run again: the GPU memory goes back
+        finally:
+            self._back_to_running(job)
 
     def forget(self, job: JobRuntime) -> None:
         """The job is stopped while parked (preemption): nothing to release."""
         self._drained.discard(job.name)
         self._parked.pop(job.name, None)
         self._dumps.pop(job.name, None)
+        self._device.pop(job.name, None)  # the processes are gone, and their device memory with them
 
     def abort(self, job: JobRuntime, ckpt_id: int = 0) -> None:
         with job.cond:
@@ -377,7 +412,10 @@ class Checkpointer:
         self._drained.discard(job.name)
         self._release(self._parked.pop(job.name, []), "ABORT")
         self._dumps.pop(job.name, None)
-        self._back_to_running(job)
+        try:
+            self._device_back(job)
+        finally:
+            self._back_to_running(job)
 
     # ---- finalize (the job is running again) ----
 
@@ -422,6 +460,7 @@ class Checkpointer:
         d = Path(directory)
         dumps, tree, (log_bytes, index_bytes) = self._dumps.pop(job.name, ([], {}, (0, 0)))
         deduped = self._dedup(job, d, dumps, dedup_with, dedup_with_final) if dedup_with else 0
+        cuda = self._cuda_dumped.pop(job.name, set())
         # a tree that could not be rebuilt is refused: the checkpoint is
         # discarded, and the job, already running again, runs on
         procs = [{"dir": pd.dir} for pd in dumps]
@@ -462,6 +501,8 @@ class Checkpointer:
                     "core_bytes": pd.core_bytes,
                     "files_bytes": pd.files_bytes,
                     "dump_s": round(pd.dump_s, 6),
+                    # its GPU memory is in its image: a restore puts it back on the device
+                    "cuda": pd.host_pid in cuda,
                 }
             )
             # several processes may hold the same file: the first copy

@@ -40,6 +40,7 @@ from ckptd.image.plan import PlanError, plan_for_checkpoint
 from ckptd.native import restorer_binary
 from ckptd.paths import Home
 
+from . import gpu
 from .progress import Transfer, Transfers, resident_anon
 from .runtime import JobRuntime
 from .shim_link import ShimConnection
@@ -291,6 +292,7 @@ def restore_job(
     )
     with job.cond:
         job.operation = f"restart from {name}: rebuilding {len(procs)} process(es)"
+    job.restored_cuda = {int(p["pid"]) for p in procs if p.get("cuda")}
     pages = sum(int(p.get("pages_bytes", 0)) for p in procs)
     deadline = time.monotonic() + RESTORE_BASE_TIMEOUT_S + pages / RESTORE_MIN_BANDWIDTH
     # the memory filled in so far, against what the images hold (pages taken
@@ -315,6 +317,16 @@ def resume_restored(job: JobRuntime, conns: list[ShimConnection], name: str) -> 
     """Every process is rebuilt and parked: they run again together."""
     for conn in conns:
         conn.request("RESUME", timeout=30)
+    # GPU memory comes back once the driver's threads run again (agent/gpu.py)
+    cuda = [c.host_pid for c in conns if c.pid in job.restored_cuda]
+    if cuda:
+        try:
+            gpu.restore_after_rebuild(cuda)
+        except CkptdError as e:
+            job.kill()
+            raise CkptdError(
+                Code.FAILED_PRECONDITION, f"restart of job {job.name} from {name} failed: {e.message}"
+            ) from None
     with job.cond:
         job.state = "running"
         job.message = f"restored from {name}"

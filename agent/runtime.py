@@ -114,6 +114,7 @@ class JobRuntime:
         self.netns = ""  # a rank's network namespace (see rank_net.py)
         self.kill_requested = False
         self.stop_reason = ""
+        self.restored_cuda: set[int] = set()  # pids in the job whose GPU memory a restore puts back
         self._on_change = on_change
 
     # ---- process tree ----
