@@ -115,7 +115,7 @@ def test_tcp_restarted_many_times_loses_no_byte(ckptd: Ckptd) -> None:
 def test_checkpoints_while_children_come_and_go(ckptd: Ckptd) -> None:
     """fork/exit/wait, subprocess and posix_spawn many times a second: every
     checkpoint lands on a consistent tree, whatever is being created or reaped."""
-    argv = [PYTHON, str(WORKLOADS / "busy.py"), "1200"]
+    argv = [PYTHON, str(WORKLOADS / "busy.py"), "900"]
     expected = run_plain(argv).stdout
     ckptd.launch("busy", argv)
     ckptd.wait_log("busy", r"^round 100 ")
@@ -123,7 +123,7 @@ def test_checkpoints_while_children_come_and_go(ckptd: Ckptd) -> None:
     assert [i["id"] for i in infos] == [1, 2, 3, 4, 5, 6]
     ckptd.kill9("busy")
     ckptd.ctl("restart", "busy")
-    ckptd.wait_log("busy", r"^round 900 ")
+    ckptd.wait_log("busy", r"^round 700 ")
     ckptd.kill9("busy")
     ckptd.ctl("restart", "busy", "--from", "2")
     assert ckptd.wait("busy") == 0

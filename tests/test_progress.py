@@ -19,8 +19,8 @@ from ckptd.paths import Home
 from ckptd.rpc import call, coordinator_stub
 from ckptd.v1 import ckptd_pb2 as pb
 
-MIB = 384
-BIG = [PYTHON, str(WORKLOADS / "dirty_pages.py"), "260", str(MIB)]
+MIB = 256
+BIG = [PYTHON, str(WORKLOADS / "dirty_pages.py"), "200", str(MIB)]
 
 
 def wait_until(what: str, predicate: Any, timeout: float = 60) -> Any:

@@ -34,7 +34,7 @@ def main() -> None:
             squares = pool.map(square, range(i, i + 8))
             total += sum(squares) + s
             print(f"step {i} shm {s} squares {sum(squares)} total {total}", flush=True)
-            time.sleep(0.02)
+            time.sleep(0.012)
             parent.send(i)
         print(q.get(), flush=True)
     p.join()
