@@ -84,6 +84,13 @@ def _depends_on(directory: Path, processes: Iterable[pb.ProcessDump], everyone: 
     return sorted(names)
 
 
+def _image_parts(name: str, part: str, proc_dir: str) -> list[str]:
+    """An image's directory relative to the job's, as the shim knows it
+    (DUMP image=, REBASE image=): ckpt-N[/rank-R]/proc-P; none without a
+    checkpoint name."""
+    return [p for p in (name, part, proc_dir) if p] if name else []
+
+
 def _bytes_under(directory: Path) -> int:
     """What the images under directory hold so far (their proc-*/ files)."""
     total = 0
@@ -286,7 +293,7 @@ class Checkpointer:
             raise _storage_error(f"{e.strerror} (errno {e.errno})", directory) from e
         # the image's final place, relative to the job's directory: a later
         # incremental image of this process refers to its pages there
-        parts = [p for p in (request.name, request.part, pdir.name) if p] if request.name else []
+        parts = _image_parts(request.name, request.part, pdir.name)
         t0 = time.monotonic()
         try:
             # the shim reads these keys in this order
@@ -442,7 +449,7 @@ class Checkpointer:
                     try:
                         if conn is None:
                             raise ShimError(Code.UNAVAILABLE, "the process is gone")
-                        image = "/".join([*peer_final.split("/")[:1], d.name, pd.dir])
+                        image = "/".join(_image_parts(peer_final.split("/", maxsplit=1)[0], d.name, pd.dir))
                         conn.request("REBASE", timeout=30, core=str(rw.new_core), image=image)
                     except ShimError as e:
                         log.info("job %s: pid %d keeps its own pages: %s", job.name, pd.pid, e.message)
@@ -527,14 +534,14 @@ class Checkpointer:
             for path, e in mapped.items()
             if path not in written
         ]
-        listed = list_files(d)
+        listed = list_files(d)  # complete now: nothing below adds a file
         hashing = Transfer("checksums", sum(p.stat().st_size for p in listed))
         with self.transfers.running(job.name, hashing):
-            files = checksum_entries(d, hashing.add)
+            files = checksum_entries(d, hashing.add, listed)
         # durable before the coordinator commits: data, then directories
         with ThreadPoolExecutor(max_workers=4) as pool:
-            list(pool.map(fsync_path, list_files(d)))
-        for sub in sorted({p.parent for p in list_files(d)}, key=lambda p: len(p.parts), reverse=True):
+            list(pool.map(fsync_path, listed))
+        for sub in sorted({p.parent for p in listed}, key=lambda p: len(p.parts), reverse=True):
             fsync_path(sub)
         fsync_path(d)
         return {

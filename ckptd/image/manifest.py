@@ -60,9 +60,13 @@ def list_files(directory: Path) -> list[Path]:
     return sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST)
 
 
-def checksum_entries(directory: Path, progress: Callable[[int], None] | None = None) -> list[dict[str, Any]]:
+def checksum_entries(
+    directory: Path, progress: Callable[[int], None] | None = None, files: list[Path] | None = None
+) -> list[dict[str, Any]]:
+    """Size and checksum of every file under directory (or of `files`,
+    already listed from it)."""
     entries = []
-    for p in list_files(directory):
+    for p in list_files(directory) if files is None else files:
         entries.append(
             {
                 "path": str(p.relative_to(directory)),
