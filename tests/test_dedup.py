@@ -12,7 +12,7 @@ from pathlib import Path
 from conftest import CKPTD, PYTHON, WORKLOADS, Ckptd
 
 DP = str(WORKLOADS / "dp_sgd.py")
-ARGS = ["--steps", "160", "--delay", "0.02", "--dim", "4096", "--model-mib", "64"]
+ARGS = ["--steps", "300", "--delay", "0.02", "--dim", "4096", "--model-mib", "64"]
 MODEL = 64 << 20
 
 
