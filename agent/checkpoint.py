@@ -6,9 +6,12 @@
               directory (DUMP), then the relay flushes the job's output so the
               log size at this instant is known
     resume    the threads run again (RESUME); the job's stall ends here
-    finalize  after resuming: checksums, identities of the files the job
-              reads or maps, fsync; returned as part of the manifest
-    abort     on any failure: RESUME whoever is parked; the job runs on
+    finalize  after resuming: wait for each process's forked writer to
+              finish its pages (FLUSH; native/shim/writeout.c), checksums,
+              identities of the files the job reads or maps, fsync;
+              returned as part of the manifest
+    abort     on any failure: RESUME whoever is parked, stop the writers;
+              the job runs on
 
 A job is a process tree: every process is parked before any is dumped,
 and the dump is checked against the restore plan (ckptd/image/plan.py)
@@ -20,6 +23,7 @@ rebuilt) is refused with the reason and keeps running.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
 import re
@@ -84,6 +88,38 @@ def _depends_on(directory: Path, processes: Iterable[pb.ProcessDump], everyone: 
     return sorted(names)
 
 
+def _wait_unlocked(path: Path, timeout_s: float) -> None:
+    """Wait until nobody holds the writer's lock on path (or it is gone)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    return
+                time.sleep(0.05)
+    finally:
+        os.close(fd)
+
+
+def _allocated_under(directory: Path, dumps: Iterable[pb.ProcessDump]) -> int:
+    """Bytes the images' page files hold so far (written at offsets, so
+    allocated blocks, not sizes)."""
+    total = 0
+    for pd in dumps:
+        for name in ("pages.img.part", "pages.img"):
+            with contextlib.suppress(OSError):
+                total += os.stat(directory / pd.dir / name).st_blocks * 512
+                break
+    return total
+
+
 def _image_parts(name: str, part: str, proc_dir: str) -> list[str]:
     """An image's directory relative to the job's, as the shim knows it
     (DUMP image=, REBASE image=): ckpt-N[/rank-R]/proc-P; none without a
@@ -112,6 +148,7 @@ class Checkpointer:
         self._cancelled: dict[str, int] = {}  # job -> checkpoint aborted while its prepare ran
         self._device: dict[str, DeviceMemory] = {}  # job -> its CUDA processes' memory, moved to host
         self._cuda_dumped: dict[str, set[int]] = {}  # job -> host pids dumped with their GPU memory
+        self._writing: dict[str, list[ShimConnection]] = {}  # job -> processes whose writers may still run
 
     def parked_jobs(self) -> list[str]:
         return list(self._parked)
@@ -362,6 +399,7 @@ class Checkpointer:
             if errors:
                 raise errors[0]
             resp = pb.DumpResponse(processes=[f.result() for f in futures])
+        self._writing[job.name] = list(conns)
         relay = job.drain_output()
         resp.log_bytes, resp.index_bytes = relay["log"], relay["index"]
         tree = {
@@ -408,6 +446,7 @@ class Checkpointer:
         self._drained.discard(job.name)
         self._parked.pop(job.name, None)
         self._dumps.pop(job.name, None)
+        self._writing.pop(job.name, None)
         self._device.pop(job.name, None)  # the processes are gone, and their device memory with them
 
     def abort(self, job: JobRuntime, ckpt_id: int = 0) -> None:
@@ -418,6 +457,7 @@ class Checkpointer:
                 self._cancelled[job.name] = ckpt_id
         self._drained.discard(job.name)
         self._release(self._parked.pop(job.name, []), "ABORT")
+        self._release(self._writing.pop(job.name, []), "DISCARD")
         self._dumps.pop(job.name, None)
         try:
             self._device_back(job)
@@ -426,12 +466,68 @@ class Checkpointer:
 
     # ---- finalize (the job is running again) ----
 
+    def _wait_for_pages(self, job: JobRuntime, d: Path, dumps: list[pb.ProcessDump]) -> None:
+        """Each process forked a writer for its pages at the end of its dump
+        (native/shim/writeout.c): wait until every pages.img is complete.
+        A process that exited meanwhile leaves its writer running on; its
+        lock on pages.img.part says when it is done."""
+        conns = {c.host_pid: c for c in self._writing.pop(job.name, [])}
+
+        def one(pd: pb.ProcessDump) -> None:
+            pdir = d / pd.dir
+            conn = conns.get(pd.host_pid)
+            failure = ""
+            if conn is not None and not conn.closed.is_set():
+                try:
+                    conn.request("FLUSH", timeout=DUMP_TIMEOUT_S)
+                except ShimError as e:
+                    failure = e.message
+            if not failure:
+                _wait_unlocked(pdir / "pages.img.part", DUMP_TIMEOUT_S)
+            if (pdir / "pages.img").exists():
+                return
+            what = f"pid {pd.pid} in the job ({pd.exe}): "
+            if _ERRNO.search(failure):
+                raise _storage_error(what + failure, str(d))
+            if failure:
+                raise CkptdError(Code.ABORTED, what + failure + "; the checkpoint is discarded")
+            raise CkptdError(
+                Code.ABORTED,
+                what + "its memory image was not finished (the process or its writer was killed); "
+                "the checkpoint is discarded",
+            )
+
+        operation = "checkpoint: writing memory images"
+        with job.cond:
+            if not job.operation:  # the job runs again: say what is still going on
+                job.operation = operation
+        total = sum(pd.pages_bytes for pd in dumps)
+        writing = Transfer("writing", total, probe=lambda: _allocated_under(d, dumps))
+        try:
+            with (
+                self.transfers.running(job.name, writing),
+                ThreadPoolExecutor(max_workers=max(1, min(len(dumps), DUMP_PARALLEL))) as pool,
+            ):
+                futures = [pool.submit(one, pd) for pd in dumps]
+                errors = [e for f in futures if (e := f.exception()) is not None]
+        finally:
+            with job.cond:
+                if job.operation == operation:
+                    job.operation = ""
+                    job.cond.notify_all()
+        if errors:
+            raise errors[0]
+
     def _dedup(self, job: JobRuntime, d: Path, dumps: list[pb.ProcessDump], peer_dir: str, peer_final: str) -> int:
         """Pages rank 0's images of this round hold alike are stored once, in
         rank 0's (ckptd/image/dedup.py).  Returns the bytes no longer stored
         here.  Each process's shim takes its rewritten runs first (REBASE);
         one that cannot keeps its image as it was."""
         with self.transfers.running(job.name, Transfer("deduplicating", 0)):
+            # rank 0's writers may still be filling its pages, in parallel with ours
+            with contextlib.suppress(OSError):
+                for proc in Path(peer_dir).glob("proc-*"):
+                    _wait_unlocked(proc / "pages.img.part", DUMP_TIMEOUT_S)
             try:
                 peer = dedup.index_peer(Path(peer_dir), peer_final)
             except (OSError, CkptdError) as e:
@@ -466,6 +562,7 @@ class Checkpointer:
     ) -> dict[str, Any]:
         d = Path(directory)
         dumps, tree, (log_bytes, index_bytes) = self._dumps.pop(job.name, ([], {}, (0, 0)))
+        self._wait_for_pages(job, d, dumps)
         deduped = self._dedup(job, d, dumps, dedup_with, dedup_with_final) if dedup_with else 0
         cuda = self._cuda_dumped.pop(job.name, set())
         # a tree that could not be rebuilt is refused: the checkpoint is

@@ -38,6 +38,7 @@ from .shim_link import ShimConnection
 log = logging.getLogger(__name__)
 
 RUNNING_STATES = ("starting", "running", "checkpointing", "restoring")
+WRITER_COMM = "ckptd-writer"  # the name native/shim/writeout.c gives its writer
 
 
 @dataclass
@@ -95,6 +96,15 @@ def ns_pid(host_pid: int) -> int:
     return 0
 
 
+def _is_writer(proc: psutil.Process) -> bool:
+    """A shim's page writer (native/shim/writeout.c): a short-lived copy of
+    a job process, never part of the job itself."""
+    try:
+        return proc.name() == WRITER_COMM
+    except psutil.Error:
+        return False
+
+
 class JobRuntime:
     def __init__(self, home: Home, node: str, spec: pb.JobSpec, on_change: Callable[[JobRuntime], None]) -> None:
         self.home = home
@@ -138,9 +148,10 @@ class JobRuntime:
             return []
         try:
             reapers = {c.pid for c in init.children()}
-            return [c for c in init.children(recursive=True) if c.pid not in reapers]
+            procs = [c for c in init.children(recursive=True) if c.pid not in reapers]
         except psutil.Error:
             return []
+        return [c for c in procs if not _is_writer(c)]
 
     def live_pids(self) -> list[int]:
         """Host pids of the job's processes (the reaper excluded)."""

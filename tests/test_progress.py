@@ -20,7 +20,7 @@ from ckptd.rpc import call, coordinator_stub
 from ckptd.v1 import ckptd_pb2 as pb
 
 MIB = 256
-BIG = [PYTHON, str(WORKLOADS / "dirty_pages.py"), "200", str(MIB)]
+BIG = [PYTHON, str(WORKLOADS / "dirty_pages.py"), "300", str(MIB)]
 
 
 def wait_until(what: str, predicate: Any, timeout: float = 60) -> Any:

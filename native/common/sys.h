@@ -187,6 +187,22 @@ CK_ALWAYS_INLINE long ck_setsid(void) { return ck_sc0(SYS_setsid); }
 CK_ALWAYS_INLINE long ck_setpgid(int pid, int pgid) { return ck_sc2(SYS_setpgid, pid, pgid); }
 CK_ALWAYS_INLINE long ck_kill(int pid, int sig) { return ck_sc2(SYS_kill, pid, sig); }
 CK_ALWAYS_INLINE long ck_clone3(void *args, size_t size) { return ck_sc2(SYS_clone3, args, size); }
+/* fork(2) without glibc's atfork handlers: exit_signal 0 makes the child
+ * invisible to the parent's plain wait() and sends it no SIGCHLD */
+CK_ALWAYS_INLINE long ck_clone_quiet(void) { return ck_sc5(SYS_clone, 0, 0, 0, 0, 0); }
+CK_ALWAYS_INLINE long ck_wait4(int pid, int *status, int options) { return ck_sc4(SYS_wait4, pid, status, options, 0); }
+CK_ALWAYS_INLINE long ck_close_range(unsigned first, unsigned last) { return ck_sc3(SYS_close_range, first, last, 0); }
+CK_ALWAYS_INLINE long ck_renameat(int dirfd, const char *from, const char *to)
+{
+    return ck_sc5(SYS_renameat2, dirfd, from, dirfd, to, 0);
+}
+CK_ALWAYS_INLINE long ck_flock(int fd, int op) { return ck_sc2(SYS_flock, fd, op); }
+CK_ALWAYS_INLINE long ck_faccessat(int dirfd, const char *path) { return ck_sc4(SYS_faccessat2, dirfd, path, 0, 0); }
+/* x86-64 takes the whole offset in pos_l */
+CK_ALWAYS_INLINE long ck_pwritev(int fd, const void *iov, int n, uint64_t off)
+{
+    return ck_sc5(SYS_pwritev, fd, iov, n, off, 0);
+}
 CK_ALWAYS_INLINE long ck_execve(const char *path, char *const argv[], char *const envp[])
 {
     return ck_sc3(SYS_execve, path, argv, envp);

@@ -7,6 +7,8 @@
  * (track.c) live there.
  */
 #include "shim.h"
+
+#include <errno.h>
 #include "../common/sys.h"
 #include "../common/util.h"
 
@@ -38,6 +40,13 @@ int ck_arena_setup(void)
     arena_base = p;
     arena_used = 0;
     return 0;
+}
+
+int ck_arena_inherit(int on)
+{
+    if (!arena_base)
+        return -EINVAL;
+    return (int)ck_madvise(arena_base, ARENA_SIZE, on ? MADV_KEEPONFORK : MADV_WIPEONFORK);
 }
 
 void ck_arena_reset(void)

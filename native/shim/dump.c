@@ -378,6 +378,7 @@ int ck_dump(const struct ck_dump_args *a, struct ck_dump_stats *st, char *err, s
     im.n_own_fds = 0;
     im.retry = 0;
     im.diag_fd = -1;
+    im.pages_fd = -1;
     ck_image_add_own_fd(&im, ck_shim.agent_fd);
     if (image_init(&im) < 0) {
         ck_image_fail(&im, "cannot allocate checkpoint scratch memory", 0, 0);
@@ -405,10 +406,16 @@ int ck_dump(const struct ck_dump_args *a, struct ck_dump_stats *st, char *err, s
         rc = capture_timers_and_pending(&im);
     if (rc == 0)
         rc = write_core(&im, st->pages_bytes, &st->core_bytes);
+    if (rc == 0) {
+        ck_track_commit(&im, st->pages_bytes);
+        /* last: the writer forked here sees the memory core.img describes */
+        rc = ck_writeout_start(&im, a->dir);
+    }
+    if (im.pages_fd >= 0)
+        ck_close(im.pages_fd);  /* the writer holds its own copy */
     ck_close(im.dirfd);
     if (rc != 0)
         return im.retry ? CK_DUMP_RETRY : CK_DUMP_ERROR;
-    ck_track_commit(&im, st->pages_bytes);
     st->nvmas = (uint32_t)im.vmas.count;
     st->nthreads = (uint32_t)im.threads.count;
     st->nfds = (uint32_t)im.fds.count;

@@ -25,6 +25,7 @@
 #include "pagemap.h"
 
 #include <errno.h>
+#include <sys/file.h>
 #include <sys/ioctl.h>
 #include <sys/sysmacros.h>
 
@@ -35,12 +36,6 @@
 #define REGION_VEC 4096
 #define PAGEMAP_CHUNK 65536
 #define BOUNCE_SIZE (1u << 20)
-#define IOV_BATCH 1024  /* runs written per writev: scattered dirty pages are one page each */
-
-struct ck_iov {
-    const void *base;
-    size_t len;
-};
 
 struct mem_ctx {
     struct ck_image *im;
@@ -57,58 +52,45 @@ struct mem_ctx {
     char *bounce;
     /* the run being accumulated */
     uint64_t run_start, run_end;
-    /* runs accounted in pages.img but not yet written (in file order) */
-    struct ck_iov iov[IOV_BATCH];
+    /* runs accounted in pages.img but not yet written: contiguous in the
+     * file from batch_off */
+    struct ck_iov iov[CK_IOV_BATCH];
     int niov;
+    uint64_t batch_off, batch_len;
 };
 
 /* write the batched runs; 0 or -errno */
 static int write_batch(struct mem_ctx *m)
 {
-    int i = 0;
-    while (i < m->niov) {
-        int n = m->niov - i;
-        long w = ck_writev(m->pages_fd, &m->iov[i], n);
-        if (w == -EINTR)
-            continue;
-        if (w <= 0) {
-            m->niov = 0;
-            return w < 0 ? (int)w : -EIO;
-        }
-        /* skip what went out; a partial iovec is finished by hand */
-        while (i < m->niov && (size_t)w >= m->iov[i].len) {
-            w -= (long)m->iov[i].len;
-            i++;
-        }
-        if (i < m->niov && w > 0) {
-            int rc = ck_write_all(m->pages_fd, (const char *)m->iov[i].base + w, m->iov[i].len - (size_t)w);
-            if (rc < 0) {
-                m->niov = 0;
-                return rc;
-            }
-            i++;
-        }
-    }
+    int rc = m->niov ? ck_pwritev_all(m->pages_fd, m->iov, m->niov, m->batch_off) : 0;
     m->niov = 0;
-    return 0;
+    m->batch_len = 0;
+    return rc;
 }
 
-/* copy [start, end) of our own memory into pages.img (batched: every
- * thread is parked, so the pages stay as they are until the batch goes) */
-static int copy_range(struct mem_ctx *m, uint64_t start, uint64_t end)
+/* copy [start, end) of our own memory to `off` in pages.img (batched: every
+ * thread is parked, so the pages stay as they are until the batch goes).
+ * A mapping a forked copy sees as it is now is left to the writer
+ * (writeout.c), after the job resumes. */
+static int copy_range(struct mem_ctx *m, uint64_t start, uint64_t end, uint64_t off)
 {
+    if (ck_vma_written_later(m->vma))
+        return 0;
     if (m->vma->prot & PROT_READ) {
-        if (m->niov == IOV_BATCH) {
+        if (m->niov == CK_IOV_BATCH || (m->niov && m->batch_off + m->batch_len != off)) {
             int rc = write_batch(m);
             if (rc < 0)
                 return rc;
         }
+        if (!m->niov)
+            m->batch_off = off;
         m->iov[m->niov].base = (const void *)start;
         m->iov[m->niov].len = end - start;
         m->niov++;
+        m->batch_len += end - start;
         return 0;
     }
-    int rc = write_batch(m);  /* keep the file in order */
+    int rc = write_batch(m);
     if (rc < 0)
         return rc;
     /* unreadable mapping (PROT_NONE): /proc/self/mem ignores protections */
@@ -119,7 +101,8 @@ static int copy_range(struct mem_ctx *m, uint64_t start, uint64_t end)
             continue;
         if (r <= 0)
             return r < 0 ? (int)r : -EIO;
-        int rc = ck_write_all(m->pages_fd, m->bounce, (size_t)r);
+        struct ck_iov one = {m->bounce, (size_t)r};
+        rc = ck_pwritev_all(m->pages_fd, &one, 1, off + (a - start));
         if (rc < 0)
             return rc;
         a += (uint64_t)r;
@@ -137,7 +120,7 @@ static int flush_run(struct mem_ctx *m)
     r->vaddr = m->run_start;
     r->npages = (m->run_end - m->run_start) / CK_PAGE_SIZE;
     r->offset = m->pages_off;
-    int rc = copy_range(m, m->run_start, m->run_end);
+    int rc = copy_range(m, m->run_start, m->run_end, m->pages_off);
     if (rc < 0)
         return ck_image_fail(m->im, "cannot write pages.img", 0, rc);
     m->pages_off += m->run_end - m->run_start;
@@ -604,9 +587,16 @@ int ck_dump_memory(struct ck_image *im, uint64_t *pages_bytes, uint64_t *files_b
             return ck_image_fail(im, "cannot read /proc/self/smaps", 0, n);
     }
 
-    m.pages_fd = (int)ck_openat(im->dirfd, "pages.img", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    /* renamed to pages.img once complete (writeout.c); locked until then,
+     * so that the agent can wait for a writer whose parent is gone */
+    m.pages_fd = (int)ck_openat(im->dirfd, "pages.img.part", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (m.pages_fd < 0)
         return ck_image_fail(im, "cannot create pages.img", 0, m.pages_fd);
+    im->pages_fd = m.pages_fd;
+    ck_image_add_own_fd(im, m.pages_fd);
+    long lk = ck_flock(m.pages_fd, LOCK_EX);
+    if (lk < 0)
+        return ck_image_fail(im, "cannot lock pages.img.part", 0, lk);
     m.mem_fd = (int)ck_open("/proc/self/mem", O_RDONLY | O_CLOEXEC, 0);
     m.pagemap_fd = (int)ck_open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC, 0);
     int rc;
@@ -619,7 +609,6 @@ int ck_dump_memory(struct ck_image *im, uint64_t *pages_bytes, uint64_t *files_b
         if (w < 0)
             rc = ck_image_fail(im, "cannot write pages.img", 0, w);
     }
-    ck_close(m.pages_fd);
     if (m.mem_fd >= 0)
         ck_close(m.mem_fd);
     if (m.pagemap_fd >= 0)

@@ -11,7 +11,10 @@
  *                   (base: the checkpoint this one may build on; image: this
  *                   image's final directory relative to the job's, depth levels down)
  *                   (retry=1: a passing state, e.g. descriptors in flight; worth another round)
- *   agent -> shim   RESUME / ABORT        -> RESUMED
+ *   agent -> shim   RESUME / ABORT        -> RESUMED  (ABORT also stops the writer)
+ *   agent -> shim   FLUSH                 -> FLUSHED written=0|1 | ERROR msg=
+ *                   (waits until the forked writer has finished pages.img)
+ *   agent -> shim   DISCARD               -> DISCARDED  (kills the writer)
  *   agent -> shim   REBASE core= image=   -> REBASED | ERROR msg=
  *                   (the agent rewrote the last image, core.img at core=:
  *                   the next one refers to its pages where they are now)
@@ -324,6 +327,7 @@ static void handle_quiesce(char *line)
     const char *t = msg_get(line, "timeout_ms");
     long timeout = t ? (long)ck_parse_u64(t, 10, 0) : 10000;
     char err[CK_ERR_CAP];
+    ck_writeout_discard();  /* a writer nobody waited for belongs to a round long gone */
     if (ck_arena_setup() < 0) {
         reply_error("cannot reserve checkpoint scratch memory");
         return;
@@ -372,8 +376,20 @@ static void command_loop(void)
         } else if (ck_startswith(line, "RESUME") || ck_startswith(line, "ABORT")) {
             if (ck_is_parked())
                 ck_release();
+            if (ck_startswith(line, "ABORT"))
+                ck_writeout_discard();
             ck_arena_reset();
             reply_simple("RESUMED");
+        } else if (ck_startswith(line, "FLUSH")) {
+            char err[CK_ERR_CAP];
+            int rc = ck_writeout_flush(err, sizeof(err));
+            if (rc < 0)
+                reply_error(err);
+            else
+                reply_simple(rc == 0 ? "FLUSHED\twritten=1" : "FLUSHED\twritten=0");
+        } else if (ck_startswith(line, "DISCARD")) {
+            ck_writeout_discard();
+            reply_simple("DISCARDED");
         } else if (ck_startswith(line, "REBASE")) {
             static char core[4096], image[CK_SOURCE_PATH];
             const char *c = msg_copy(line, "core", core, sizeof(core));
@@ -447,6 +463,8 @@ __attribute__((constructor)) static void ck_shim_init(void)
                          : !ck_strcmp(track, "uffd")                    ? CK_TRACK_UFFD
                          : !ck_strcmp(track, "hash")                    ? CK_TRACK_HASH
                                                                         : CK_TRACK_OFF;
+    const char *capture = getenv("CKPTD_CAPTURE");
+    ck_shim.capture_sync = capture && !ck_strcmp(capture, "sync");
     pthread_atfork(0, 0, after_fork_child);
     if (connect_agent() < 0 || send_hello(0) < 0)
         drop_connection();  /* the checkpoint thread keeps retrying */

@@ -27,6 +27,7 @@ struct ck_shim_state {
     int quiesce_signal;
     int hide_io_uring;        /* io_uring_setup() through syscall() says ENOSYS */
     int track_mode;           /* CK_TRACK_*: how incremental dumps find changed pages */
+    int capture_sync;         /* CKPTD_CAPTURE=sync: write every page during the pause */
     char job[128];
     char socket_path[108];
 };
@@ -45,6 +46,8 @@ struct ck_table {
 };
 int ck_arena_setup(void) CK_HIDDEN;
 void ck_arena_reset(void) CK_HIDDEN;   /* give the pages back after a dump */
+/* 1: a fork copies the arena (the page writer needs its tables); 0: wiped again */
+int ck_arena_inherit(int on) CK_HIDDEN;
 int ck_arena_contains(uint64_t start, uint64_t end) CK_HIDDEN;
 /* carve a table of `cap` records of `elem` bytes out of the arena */
 int ck_table_init(struct ck_table *t, size_t elem, size_t cap) CK_HIDDEN;
@@ -99,6 +102,7 @@ int ck_dump(const struct ck_dump_args *a, struct ck_dump_stats *st, char *err, s
 /* the image being built; sections are tables in the arena */
 struct ck_image {
     int dirfd;
+    int pages_fd;             /* pages.img.part, flock()ed until it is complete */
     int diag_fd;              /* NETLINK_SOCK_DIAG while descriptors are described */
     int own_fds[8];           /* the shim's descriptors: never part of the image */
     int n_own_fds;
@@ -131,6 +135,21 @@ const struct ck_page_run *ck_track_lookup(uint64_t vaddr, uint64_t *next) CK_HID
 uint32_t ck_track_source(struct ck_image *im, uint32_t prev_src) CK_HIDDEN;
 void ck_track_commit(struct ck_image *im, uint64_t pages_size) CK_HIDDEN;
 int ck_track_rebase(const char *core_path, const char *self) CK_HIDDEN;
+
+/* ---- writeout.c: pages written after the job resumes ---- */
+struct ck_iov {
+    const void *base;
+    size_t len;
+};
+#define CK_IOV_BATCH 1024  /* runs per pwritev: scattered dirty pages are one page each */
+int ck_pwritev_all(int fd, struct ck_iov *iov, int n, uint64_t off) CK_HIDDEN;
+/* 1 if a forked copy of the process sees this mapping's pages as they are now */
+int ck_vma_written_later(const struct ck_vma *v) CK_HIDDEN;
+/* fork the writer of the mappings left for later (or write them now) */
+int ck_writeout_start(struct ck_image *im, const char *dir) CK_HIDDEN;
+/* wait for the writer: 0 written, 1 none running, -1 failed (err filled) */
+int ck_writeout_flush(char *err, size_t errcap) CK_HIDDEN;
+void ck_writeout_discard(void) CK_HIDDEN;
 
 /* ---- dump_mem.c ---- */
 /* read smaps while the job still runs: parsing it is slow for big mappings */
