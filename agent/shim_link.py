@@ -6,9 +6,13 @@ says HELLO; the connection then carries request/reply lines:
     PREMAP                ->  PREMAPPED              read /proc/self/smaps early (still running)
     QUIESCE timeout_ms=N  ->  QUIESCED threads=N     park every thread
     SETTLE timeout_ms=N   ->  SETTLED stuck=N        let unsent TCP bytes leave (all parked)
-    DUMP dir= base= image= depth=  ->  DUMPED <stats>   write core.img, pages.img, files/
-                          (base: the checkpoint it may build on; image: its final place)
-    RESUME | ABORT        ->  RESUMED                let the threads run again
+    DUMP dir= base= image= depth=  ->  DUMPED <stats>   write core.img and files/, fork
+                          the writer of pages.img (base: the checkpoint it may build on;
+                          image: its final place)
+    RESUME | ABORT        ->  RESUMED                let the threads run again (ABORT: kill the writer)
+    FLUSH                 ->  FLUSHED written=0|1    wait until the writer has finished pages.img
+    DISCARD               ->  DISCARDED              kill the writer (a round aborted after RESUME)
+    REBASE core= image=   ->  REBASED                take the runs of a deduplicated image
     PING                  ->  PONG
     any of them           ->  ERROR [retry=1] msg=TEXT   (retry: a passing state, try again)
 
