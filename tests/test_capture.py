@@ -5,6 +5,7 @@ that fails must cost the checkpoint, never the job or an earlier one."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -81,7 +82,8 @@ def test_writer_killed_mid_write_costs_only_that_checkpoint(ckptd: Ckptd) -> Non
         deadline = time.monotonic() + 60
         while p.poll() is None and time.monotonic() < deadline:
             for w in writers():
-                w.send_signal(signal.SIGKILL)
+                with contextlib.suppress(psutil.NoSuchProcess):  # it may end meanwhile
+                    w.send_signal(signal.SIGKILL)
             time.sleep(0.002)
         _out, err = p.communicate(timeout=120)
         if p.returncode == ABORTED:

@@ -91,23 +91,7 @@ static int copy_range(struct mem_ctx *m, uint64_t start, uint64_t end, uint64_t 
         return 0;
     }
     int rc = write_batch(m);
-    if (rc < 0)
-        return rc;
-    /* unreadable mapping (PROT_NONE): /proc/self/mem ignores protections */
-    for (uint64_t a = start; a < end;) {
-        size_t n = end - a > BOUNCE_SIZE ? BOUNCE_SIZE : end - a;
-        long r = ck_pread(m->mem_fd, m->bounce, n, a);
-        if (r == -EINTR)
-            continue;
-        if (r <= 0)
-            return r < 0 ? (int)r : -EIO;
-        struct ck_iov one = {m->bounce, (size_t)r};
-        rc = ck_pwritev_all(m->pages_fd, &one, 1, off + (a - start));
-        if (rc < 0)
-            return rc;
-        a += (uint64_t)r;
-    }
-    return 0;
+    return rc < 0 ? rc : ck_copy_unreadable(m->pages_fd, m->mem_fd, m->bounce, start, end - start, off);
 }
 
 static int flush_run(struct mem_ctx *m)

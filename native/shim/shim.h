@@ -143,6 +143,9 @@ struct ck_iov {
 };
 #define CK_IOV_BATCH 1024  /* runs per pwritev: scattered dirty pages are one page each */
 int ck_pwritev_all(int fd, struct ck_iov *iov, int n, uint64_t off) CK_HIDDEN;
+/* [vaddr, vaddr+len) of a PROT_NONE mapping to `off` in fd, through
+ * /proc/self/mem (which ignores protections) and a 1 MiB buffer */
+int ck_copy_unreadable(int fd, int mem_fd, char *buf, uint64_t vaddr, uint64_t len, uint64_t off) CK_HIDDEN;
 /* 1 if a forked copy of the process sees this mapping's pages as they are now */
 int ck_vma_written_later(const struct ck_vma *v) CK_HIDDEN;
 /* fork the writer of the mappings left for later (or write them now) */

@@ -69,30 +69,19 @@ int ck_pwritev_all(int fd, struct ck_iov *iov, int n, uint64_t off)
     return 0;
 }
 
-/* pages of a mapping we may not read directly (PROT_NONE): /proc/self/mem
- * ignores protections */
-static int copy_unreadable(int fd, int *mem_fd, uint64_t vaddr, uint64_t len, uint64_t off)
+int ck_copy_unreadable(int fd, int mem_fd, char *buf, uint64_t vaddr, uint64_t len, uint64_t off)
 {
-    if (*mem_fd < 0) {
-        *mem_fd = (int)ck_open("/proc/self/mem", O_RDONLY | O_CLOEXEC, 0);
-        if (*mem_fd < 0)
-            return *mem_fd;
-    }
     for (uint64_t done = 0; done < len;) {
         size_t n = len - done > BOUNCE_SIZE ? BOUNCE_SIZE : len - done;
-        long r = ck_pread(*mem_fd, bounce, n, vaddr + done);
+        long r = ck_pread(mem_fd, buf, n, vaddr + done);
         if (r == -EINTR)
             continue;
         if (r <= 0)
             return r < 0 ? (int)r : -EIO;
-        for (long w = 0; w < r;) {
-            long k = ck_pwrite(fd, bounce + w, (size_t)(r - w), (int64_t)(off + done + (uint64_t)w));
-            if (k == -EINTR)
-                continue;
-            if (k <= 0)
-                return k < 0 ? (int)k : -EIO;
-            w += k;
-        }
+        struct ck_iov one = {buf, (size_t)r};
+        int rc = ck_pwritev_all(fd, &one, 1, off + done);
+        if (rc < 0)
+            return rc;
         done += (uint64_t)r;
     }
     return 0;
@@ -121,7 +110,9 @@ static int write_later_runs(struct ck_image *im, int fd)
             if (rc)
                 break;
             if (!(v->prot & PROT_READ)) {
-                rc = copy_unreadable(fd, &mem_fd, r->vaddr, size, r->offset);
+                if (mem_fd < 0)
+                    mem_fd = (int)ck_open("/proc/self/mem", O_RDONLY | O_CLOEXEC, 0);
+                rc = mem_fd < 0 ? mem_fd : ck_copy_unreadable(fd, mem_fd, bounce, r->vaddr, size, r->offset);
                 continue;
             }
             if (!n)
