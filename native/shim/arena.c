@@ -7,10 +7,10 @@
  * (track.c) live there.
  */
 #include "shim.h"
-
-#include <errno.h>
 #include "../common/sys.h"
 #include "../common/util.h"
+
+#include <errno.h>
 
 #define ARENA_SIZE (1088ull << 20)
 #define KEEP_SIZE (256ull << 20)   /* what lives from one dump to the next (track.c) */

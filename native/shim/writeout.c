@@ -172,11 +172,12 @@ int ck_writeout_start(struct ck_image *im, const char *dir)
     if (ck_shim.capture_sync == 0 && !cheaper_to_write_now(im)) {
         /* the writer needs the tables in the arena, which children
          * otherwise get wiped (arena.c) */
-        long pid = ck_arena_inherit(1);
-        if (pid == 0)
+        long pid = -1;
+        if (ck_arena_inherit(1) == 0) {
             pid = ck_clone_quiet();
-        if (pid == 0)
-            writer_main(im);
+            if (pid == 0)
+                writer_main(im);
+        }
         ck_arena_inherit(0);
         if (pid > 0) {
             ck_strlcpy(writer_dir, dir, sizeof(writer_dir));
