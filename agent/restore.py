@@ -18,31 +18,38 @@ and finally:
      pids, and every process rebuilds itself from its image;
   7. once every process's restored shim has reconnected (HELLO restored=1),
      all of them are told to RESUME together.
+
+The memory images (pages.img, and those of earlier checkpoints an
+incremental one reads from) are the exception to "verified first": step 1
+proves their sizes, and their checksums are computed while step 6 reads
+them, so a restart reads them from storage once, not twice.  The rebuilt
+processes stay parked until every checksum has matched; if one does not,
+they are killed and steps 3-4 are undone (agent/rollback.py), which leaves
+the job's files as they were.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import os
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ckptd.errors import CkptdError, Code
-from ckptd.image.checksum import ALGORITHM, IdentityCache, hash_file
+from ckptd.image.checksum import ALGORITHM, IdentityCache
 from ckptd.image.core import CoreImage
-from ckptd.image.manifest import load_manifest, total_bytes, verify_files
+from ckptd.image.manifest import PendingChecksum, check_pending, load_manifest, verify_files
 from ckptd.image.plan import PlanError, plan_for_checkpoint
 from ckptd.native import restorer_binary
 from ckptd.paths import Home
 
 from . import gpu
 from .progress import Transfer, Transfers, resident_anon
-from .runtime import JobRuntime
+from .rollback import WorldRollback
+from .runtime import RUNNING_STATES, JobRuntime
 from .shim_link import ShimConnection
 
 log = logging.getLogger(__name__)
@@ -89,108 +96,33 @@ def check_identities(manifest: dict[str, Any], allow_changed: bool, identities: 
             )
 
 
-def _copy_chunk(src: int, dst: int, left: int) -> int:
-    """Copy up to `left` bytes at both files' offsets; returns how many."""
-    try:
-        return os.copy_file_range(src, dst, left)
-    except OSError as e:
-        if e.errno not in (errno.EXDEV, errno.EINVAL, errno.EOPNOTSUPP):
-            raise
-    # across filesystems (tmpfs /dev/shm, say) on kernels that refuse it
-    data = os.read(src, min(left, 1 << 20))
-    view = memoryview(data)
-    while view:
-        view = view[os.write(dst, view) :]
-    return len(data)
-
-
-def _copy_into(src: Path, dst: Path, size: int) -> None:
-    """Overwrite dst in place (keeping its inode, owner and links) with src."""
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    fd_out = os.open(dst, os.O_WRONLY | os.O_CREAT, 0o644)
-    try:
-        with open(src, "rb") as f:
-            left = size
-            while left:
-                n = _copy_chunk(f.fileno(), fd_out, left)
-                if n <= 0:
-                    raise CkptdError(Code.DATA_LOSS, f"saved copy of {dst} is shorter than recorded")
-                left -= n
-        os.ftruncate(fd_out, size)
-        os.fsync(fd_out)
-    finally:
-        os.close(fd_out)
-
-
-def roll_back_files(checkpoint: Path, manifest: dict[str, Any]) -> int:
-    """Give every file the job writes its contents at checkpoint time."""
-    restored = 0
-    # the saved copies' checksums were just verified against the manifest
-    saved_hash = {e["path"]: e[ALGORITHM] for e in manifest.get("files", [])}
-    for entry in manifest.get("written_files", []):
-        if not entry.get("saved"):
-            continue
-        dst = Path(entry["path"])
-        src = checkpoint / entry["data"]
-        try:
-            unchanged = dst.stat().st_size == entry["size"] and hash_file(dst) == saved_hash.get(entry["data"])
-        except OSError:
-            unchanged = False
-        if not unchanged:
-            try:
-                _copy_into(src, dst, int(entry["size"]))
-            except OSError as e:
-                raise CkptdError(
-                    Code.FAILED_PRECONDITION, f"cannot restore {dst}, which the job writes: {e.strerror}"
-                ) from e
-            restored += 1
-        with contextlib.suppress(OSError):
-            os.chmod(dst, entry["mode"] & 0o7777)
-            os.utime(dst, ns=(entry["mtime_ns"], entry["mtime_ns"]))
-    return restored
-
-
-def put_back_log(saved: Path, live: Path) -> None:
-    """The job's log as it was at the checkpoint: output the lost run produced
-    afterwards goes, and output an earlier restart cut away comes back."""
-    size = saved.stat().st_size
-    try:
-        same_prefix = live.stat().st_size >= size and _prefix_equal(saved, live, size)
-    except OSError:
-        same_prefix = False
-    if same_prefix:
-        os.truncate(live, size)  # the usual case: only cut the tail
-        return
-    tmp = live.with_name(live.name + ".restore")
-    shutil.copyfile(saved, tmp)
-    os.replace(tmp, live)
-
-
-def _prefix_equal(a: Path, b: Path, size: int) -> bool:
-    with open(a, "rb") as fa, open(b, "rb") as fb:
-        left = size
-        while left:
-            n = min(left, 1 << 20)
-            if fa.read(n) != fb.read(n):
-                return False
-            left -= n
-    return True
+def is_memory_image(path: str) -> bool:
+    """pages.img: checked while the restore reads it (see the module's doc)."""
+    return path == "pages.img" or path.endswith("/pages.img")
 
 
 @dataclass
 class VerifiedCheckpoint:
-    """A checkpoint proven whole, and the plan that rebuilds its process tree."""
+    """A checkpoint proven whole but for the checksums of its memory images
+    (`pending`, sizes proven), and the plan that rebuilds its process tree."""
 
     path: Path
     manifest: dict[str, Any]
     plan: str
+    pending: list[PendingChecksum]
+
+    @property
+    def pending_bytes(self) -> int:
+        return sum(p.size for p in self.pending)
 
 
-def verify_page_sources(checkpoint: Path, manifest: dict[str, Any], progress: Transfer | None = None) -> None:
+def page_sources(checkpoint: Path, manifest: dict[str, Any]) -> list[PendingChecksum]:
     """An incremental image reads unchanged pages from earlier checkpoints'
-    pages.img: each must be there, of the size the image expects, and pass
-    the checksum its own checkpoint's manifest recorded."""
+    pages.img: each must be there, of the size the image expects (checked
+    here), and pass the checksum its own checkpoint's manifest recorded
+    (returned, to be checked during the rebuild)."""
     seen: set[Path] = set()
+    pending = []
     for proc in manifest["processes"]:
         image = checkpoint / proc["dir"]
         try:
@@ -202,6 +134,7 @@ def verify_page_sources(checkpoint: Path, manifest: dict[str, Any], progress: Tr
             path = (job_dir / src["path"]).resolve()
             if path in seen:
                 continue
+            seen.add(path)
             owner = src["path"].split("/", 1)[0]
             hint = f"it builds on {owner}; restart from another checkpoint with --from ID (`ckptctl list JOB`)"
             try:
@@ -220,40 +153,38 @@ def verify_page_sources(checkpoint: Path, manifest: dict[str, Any], progress: Tr
                 if (d / "manifest.json").exists():
                     rel = str(path.relative_to(d))
                     entry = [e for e in load_manifest(d).get("files", []) if e["path"] == rel]
-                    if progress is not None:
-                        progress.total += size
-                    if entry and hash_file(path, progress.add if progress else None) != entry[0][ALGORITHM]:
-                        raise CkptdError(
-                            Code.DATA_LOSS,
-                            f"checkpoint {checkpoint.name} needs {src['path']}, which fails its checksum; {hint}",
-                        )
+                    if entry:
+                        failure = f"checkpoint {checkpoint.name} needs {src['path']}, which fails its checksum; {hint}"
+                        pending.append(PendingChecksum(path, entry[0][ALGORITHM], size, failure))
                     break
                 if d == job_dir:
                     break
-            seen.add(path)
+    return pending
 
 
 def verify_checkpoint(
     job: str, checkpoint: Path, allow_changed: bool, identities: IdentityCache, transfers: Transfers
 ) -> VerifiedCheckpoint:
-    """Steps 1-2 (and the plan, 5): prove the checkpoint whole and this node
-    able to take it.  Touches nothing, so a refusal here leaves the job
-    exactly as it was."""
+    """Steps 1-2 (and the plan, 5): prove the checkpoint whole (the memory
+    images' checksums excepted, see the module's doc) and this node able to
+    take it.  Touches nothing, so a refusal here leaves the job exactly as
+    it was."""
     manifest = load_manifest(checkpoint)
     if manifest.get("job") != job:
         raise CkptdError(Code.INVALID_ARGUMENT, f"{checkpoint} belongs to job {manifest.get('job')}, not {job}")
     if not manifest.get("processes"):
         raise CkptdError(Code.DATA_LOSS, f"{checkpoint.name} holds no process; cannot restore")
-    verifying = Transfer("verifying", total_bytes(manifest))
+    small = sum(int(e["size"]) for e in manifest.get("files", []) if not is_memory_image(e["path"]))
+    verifying = Transfer("verifying", small)
     with transfers.running(job, verifying):
-        verify_files(checkpoint, manifest, verifying.add)
-        verify_page_sources(checkpoint, manifest, verifying)
+        pending = verify_files(checkpoint, manifest, verifying.add, defer=is_memory_image)
+        pending += page_sources(checkpoint, manifest)
     check_identities(manifest, allow_changed, identities)
     try:
         plan = plan_for_checkpoint(checkpoint, manifest)
     except PlanError as e:
         raise CkptdError(Code.FAILED_PRECONDITION, f"cannot restore {checkpoint.name}: {e.message}") from None
-    return VerifiedCheckpoint(checkpoint, manifest, plan)
+    return VerifiedCheckpoint(checkpoint, manifest, plan, pending)
 
 
 def restore_job(
@@ -266,51 +197,90 @@ def restore_job(
     # a rank's part of a multi-node checkpoint is ckpt-N/rank-R: named as ckpt-N
     name = checkpoint.parent.name if job.spec.rank.job else checkpoint.name
     procs = manifest["processes"]
-    with job.cond:
-        job.operation = f"restart from {name}: rolling back files"
-    roll_back_files(checkpoint, manifest)
-    put_back_log(checkpoint / "output.log", job.job_dir.log)
-    put_back_log(checkpoint / "output.idx", job.job_dir.index)
+    work = job.home.agent_dir(job.node) / "jobs" / job.name
+    work.mkdir(parents=True, exist_ok=True)
+    world = WorldRollback(work / f"undo-{name}")
+    started = False
+    try:
+        with job.cond:
+            job.operation = f"restart from {name}: rolling back files"
+        world.roll_back_files(checkpoint, manifest)
+        world.put_back_log(checkpoint / "output.log", job.job_dir.log)
+        world.put_back_log(checkpoint / "output.idx", job.job_dir.index)
 
-    plan = job.home.agent_dir(job.node) / "jobs" / job.name / f"plan-{name}.txt"
-    plan.parent.mkdir(parents=True, exist_ok=True)
-    plan.write_text(verified.plan)
-    inc = job.spawn(
-        [
-            str(restorer_binary()),
-            "--build",
-            str(plan),
-            "--status-dir",
-            "{runtime_dir}",
-            "--agent-socket",
-            str(home.shim_socket(job.node)),
-            "--checkpoint",
-            name,
-        ],
-        restore=True,
-        restored_from=name,
-    )
-    with job.cond:
-        job.operation = f"restart from {name}: rebuilding {len(procs)} process(es)"
-    job.restored_cuda = {int(p["pid"]) for p in procs if p.get("cuda")}
-    pages = sum(int(p.get("pages_bytes", 0)) for p in procs)
-    deadline = time.monotonic() + RESTORE_BASE_TIMEOUT_S + pages / RESTORE_MIN_BANDWIDTH
-    # the memory filled in so far, against what the images hold (pages taken
-    # from earlier checkpoints included)
-    filled = sum(int(p.get("pages_bytes", 0)) + int(p.get("ref_bytes", 0)) for p in procs)
-    rebuilding = Transfer("rebuilding", filled, probe=lambda: sum(resident_anon(pid) for pid in job.live_pids()))
-    with transfers.running(job.name, rebuilding):
-        conns = _wait_restored(job, inc.generation, {int(p["pid"]) for p in procs}, deadline)
-    if conns is None:
-        reason = _restore_failure(Path(inc.runtime_dir)) or job.message or "the restorer did not report back in time"
-        job.kill()
-        raise CkptdError(Code.FAILED_PRECONDITION, f"restart of job {job.name} from {name} failed: {reason}")
+        plan = work / f"plan-{name}.txt"
+        plan.write_text(verified.plan)
+        inc = job.spawn(
+            [
+                str(restorer_binary()),
+                "--build",
+                str(plan),
+                "--status-dir",
+                "{runtime_dir}",
+                "--agent-socket",
+                str(home.shim_socket(job.node)),
+                "--checkpoint",
+                name,
+            ],
+            restore=True,
+            restored_from=name,
+        )
+        started = True
+        with job.cond:
+            job.operation = f"restart from {name}: rebuilding {len(procs)} process(es)"
+        job.restored_cuda = {int(p["pid"]) for p in procs if p.get("cuda")}
+        pages = sum(int(p.get("pages_bytes", 0)) for p in procs)
+        deadline = time.monotonic() + RESTORE_BASE_TIMEOUT_S + pages / RESTORE_MIN_BANDWIDTH
+        # the memory filled in so far, against what the images hold (pages
+        # taken from earlier checkpoints included), and never ahead of the
+        # checksums: the bar shows the slower of the two
+        filled = sum(int(p.get("pages_bytes", 0)) + int(p.get("ref_bytes", 0)) for p in procs)
+        checked = Transfer("verifying", verified.pending_bytes)
+        rebuilding = Transfer(
+            "rebuilding",
+            filled,
+            probe=lambda: min(
+                sum(resident_anon(pid) for pid in job.live_pids()),
+                filled * checked.done // max(checked.total, 1),
+            ),
+        )
+        with transfers.running(job.name, rebuilding):
+            # the restorers read the images while this thread checks them
+            check_pending(verified.pending, checked.add)
+            conns = _wait_restored(job, inc.generation, {int(p["pid"]) for p in procs}, deadline)
+        if conns is None:
+            reason = (
+                _restore_failure(Path(inc.runtime_dir)) or job.message or "the restorer did not report back in time"
+            )
+            raise CkptdError(Code.FAILED_PRECONDITION, f"restart of job {job.name} from {name} failed: {reason}")
+    except BaseException as e:
+        _fail_restore(job, world, started, e)
+        raise
+    world.forget()
     if hold:
         with job.cond:
             job.operation = f"restart from {name}: rebuilt, waiting for the other ranks"
         return conns
     resume_restored(job, conns, name)
     return None
+
+
+def _fail_restore(job: JobRuntime, world: WorldRollback, started: bool, error: BaseException) -> None:
+    """A restart that cannot finish: its parked processes go (they never ran),
+    the job's files are put back as they were, and the job stays failed,
+    ready for `restart --from` an earlier checkpoint."""
+    if started:
+        job.kill(requested=False)
+    with job.cond:
+        deadline = time.monotonic() + 30
+        while started and job.state in RUNNING_STATES and time.monotonic() < deadline:
+            job.cond.wait(0.2)  # until its monitor has seen the incarnation end
+    world.undo()
+    why = error.message if isinstance(error, CkptdError) else str(error) or type(error).__name__
+    with job.cond:
+        job.state, job.operation = "failed", ""
+        job.message = why if why.startswith("restart") else f"restart failed: {why}"
+        job.cond.notify_all()
 
 
 def resume_restored(job: JobRuntime, conns: list[ShimConnection], name: str) -> None:

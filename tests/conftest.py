@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -234,11 +235,62 @@ def ctimer(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(exe)
 
 
-def run_plain(argv: list[str], env: dict[str, str] | None = None, **kw: Any) -> subprocess.CompletedProcess[str]:
-    """The reference: the same program run without ckptd."""
-    e = dict(os.environ, OPENBLAS_NUM_THREADS="2")
-    e.update(env or {})
-    return subprocess.run(argv, env=e, capture_output=True, text=True, check=True, timeout=300, **kw)
+class Plain:
+    """The reference: the same program run without ckptd.  It starts at once
+    and runs alongside the test (most workloads sleep between steps, so the
+    two barely compete); `stdout` waits for it."""
+
+    running: list[Plain] = []
+
+    def __init__(self, argv: list[str], env: dict[str, str] | None = None, **kw: Any) -> None:
+        e = dict(os.environ, OPENBLAS_NUM_THREADS="2")
+        e.update(env or {})
+        self.argv = argv
+        # files, not pipes: a chatty program must not block until it is read
+        self._out = tempfile.TemporaryFile()  # noqa: SIM115
+        self._err = tempfile.TemporaryFile()  # noqa: SIM115
+        self._proc = subprocess.Popen(argv, env=e, stdout=self._out, stderr=self._err, **kw)
+        self._result: subprocess.CompletedProcess[str] | None = None
+        Plain.running.append(self)
+
+    def result(self) -> subprocess.CompletedProcess[str]:
+        if self._result is None:
+            rc = self._proc.wait(timeout=300)
+            out, err = (self._read(f) for f in (self._out, self._err))
+            Plain.running.remove(self)
+            if rc != 0:
+                raise subprocess.CalledProcessError(rc, self.argv, out, err)
+            self._result = subprocess.CompletedProcess(self.argv, rc, out, err)
+        return self._result
+
+    @property
+    def stdout(self) -> str:
+        return self.result().stdout
+
+    @staticmethod
+    def _read(f: Any) -> str:
+        f.seek(0)
+        text = f.read().decode()
+        f.close()
+        return text
+
+    def stop(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self._proc.kill()
+        self._proc.wait()
+        self._out.close()
+        self._err.close()
+
+
+run_plain = Plain
+
+
+@pytest.fixture(autouse=True)
+def _no_reference_left_running() -> Iterator[None]:
+    """A test that fails before reading its reference leaves no process behind."""
+    yield
+    while Plain.running:
+        Plain.running.pop().stop()
 
 
 # ---- PyTorch (CPU): installed only for the tests that use it ----

@@ -54,6 +54,7 @@ def test_unknown_job(ckptd: Ckptd) -> None:
 
 
 def test_restart_while_running_refused_then_forced(ckptd: Ckptd, counter: Path) -> None:
+    plain = run_plain([PYTHON, str(counter), "150"])  # the reference, run meanwhile
     ckptd.launch("live", [PYTHON, str(counter), "150"])
     ckptd.wait_log("live", r"^tick 5$")
     ckptd.checkpoint("live")
@@ -67,7 +68,7 @@ def test_restart_while_running_refused_then_forced(ckptd: Ckptd, counter: Path) 
     st = ckptd.status("live")
     assert st["state"] == "running" and st["pids"] != pids and st["generation"] == 1
     assert ckptd.wait("live") == 0
-    assert ckptd.log("live") == run_plain([PYTHON, str(counter), "150"]).stdout
+    assert ckptd.log("live") == plain.stdout
 
 
 def test_restart_without_checkpoint(ckptd: Ckptd, counter: Path) -> None:
@@ -82,6 +83,7 @@ def test_restart_without_checkpoint(ckptd: Ckptd, counter: Path) -> None:
 
 @pytest.mark.parametrize("damage", ["flip", "truncate"])
 def test_corrupt_image_caught_before_restore(ckptd: Ckptd, counter: Path, damage: str) -> None:
+    plain = run_plain([PYTHON, str(counter), "120"])  # the reference, run meanwhile
     ckptd.launch("bad", [PYTHON, str(counter), "120"])
     ckptd.wait_log("bad", r"^tick 10$")
     ckptd.checkpoint("bad")
@@ -112,7 +114,58 @@ def test_corrupt_image_caught_before_restore(ckptd: Ckptd, counter: Path, damage
 
     ckptd.ctl("restart", "bad", "--from", "1")  # the earlier one still works
     assert ckptd.wait("bad") == 0
-    assert ckptd.log("bad") == run_plain([PYTHON, str(counter), "120"]).stdout
+    assert ckptd.log("bad") == plain.stdout
+
+
+JOURNAL = """
+import sys, time
+out = open(sys.argv[1], "w")
+for i in range(200):
+    out.write(f"step {i}\\n")
+    out.flush()
+    print(f"tick {i}", flush=True)
+    time.sleep(0.05)
+"""
+
+
+def test_memory_image_failing_its_checksum_during_rebuild_undoes_the_rollback(ckptd: Ckptd, tmp_path: Path) -> None:
+    """pages.img is checked while the restore reads it, after the job's files
+    were rolled back: a mismatch kills the parked processes and puts the
+    files and the log back as the crash left them."""
+    script = tmp_path / "journal.py"
+    script.write_text(JOURNAL)
+    journal, plain_journal = tmp_path / "journal.txt", tmp_path / "plain.txt"
+    plain = run_plain([PYTHON, str(script), str(plain_journal)])  # the reference, run meanwhile
+    ckptd.launch("undo", [PYTHON, str(script), str(journal)])
+    ckptd.wait_log("undo", r"^tick 10$")
+    ckptd.checkpoint("undo")
+    ckptd.wait_log("undo", r"^tick 30$")
+    second = ckptd.checkpoint("undo")
+    ckptd.wait_log("undo", r"^tick 50$")
+    ckptd.kill9("undo")
+    at_crash = journal.read_bytes()
+    log_before = ckptd.log_file("undo").read_bytes()
+    assert at_crash.count(b"\n") >= 50
+
+    target = Path(second["path"]) / "proc-2" / "pages.img"
+    with open(target, "r+b") as f:
+        f.seek(os.path.getsize(target) // 2)
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([b[0] ^ 0xFF]))
+    p = ckptd.ctl("restart", "undo", check=False)
+    assert p.returncode == CORRUPT, p.stderr
+    one_line_error(p, "pages.img fails its checksum", "--from")
+    st = ckptd.status("undo")
+    assert st["state"] == "failed" and st["pids"] == [], st
+    assert journal.read_bytes() == at_crash  # rolled back to the checkpoint, then put back
+    assert ckptd.log_file("undo").read_bytes() == log_before
+    assert not list(ckptd.home.rglob("undo-ckpt-*"))  # no journal left behind
+
+    ckptd.ctl("restart", "undo", "--from", "1")
+    assert ckptd.wait("undo") == 0
+    assert ckptd.log("undo") == plain.stdout
+    assert journal.read_bytes() == plain_journal.read_bytes()
 
 
 @contextlib.contextmanager
@@ -136,6 +189,7 @@ def read_only(path: Path) -> Iterator[None]:
 
 
 def test_read_only_checkpoint_dir(ckptd: Ckptd, counter: Path, tmp_path: Path) -> None:
+    plain = run_plain([PYTHON, str(counter), "120"])  # the reference, run meanwhile
     store = tmp_path / "store"
     ckptd.launch("ro", [PYTHON, str(counter), "120"], "--ckpt-dir", str(store))
     jobdir = store / "ro"
@@ -150,7 +204,7 @@ def test_read_only_checkpoint_dir(ckptd: Ckptd, counter: Path, tmp_path: Path) -
     ckptd.ctl("inspect", "--verify", first["path"])  # still whole
     assert not [n for n in os.listdir(jobdir) if ".tmp-" in n]
     assert ckptd.wait("ro") == 0
-    assert (jobdir / "output.log").read_text() == run_plain([PYTHON, str(counter), "120"]).stdout
+    assert (jobdir / "output.log").read_text() == plain.stdout
 
 
 def _wait_file_pattern(path: Path, text: str, timeout: float = 30) -> None:

@@ -32,7 +32,7 @@ def gpu_missing() -> str:
 @pytest.mark.skipif(bool(gpu_missing()), reason=gpu_missing() or "GPU present")
 def test_cuda_training_round_trip(ckptd: Ckptd) -> None:
     argv = [PYTHON, str(WORKLOADS / "train_cuda.py"), "200", "8"]
-    expected = run_plain(argv).stdout
+    plain = run_plain(argv)
     ckptd.launch("cuda", argv)
     ckptd.wait_log("cuda", r"^step 40 ", timeout=300)
     info = ckptd.checkpoint("cuda")
@@ -41,4 +41,4 @@ def test_cuda_training_round_trip(ckptd: Ckptd) -> None:
     ckptd.kill9("cuda")
     ckptd.ctl("restart", "cuda")
     assert ckptd.wait("cuda", timeout=600) == 0
-    assert ckptd.log("cuda", "stdout") == expected
+    assert ckptd.log("cuda", "stdout") == plain.stdout

@@ -47,7 +47,7 @@ def restart_and_finish(c: Ckptd, job: str, *args: str) -> str:
 
 def test_chain_of_ten_incrementals_and_shorter_chains(ckptd: Ckptd) -> None:
     c = ckptd
-    expected = run_plain(DIRTY).stdout
+    plain = run_plain(DIRTY)
     c.launch("inc", DIRTY, "--full-every", "16")
     infos = checkpoints_at(c, "inc", range(20, 240, 20), rpc=True)  # 11: a full one and 10 incrementals
     listed = {i["name"]: i for i in c.ctl_json("list", "inc")}
@@ -63,15 +63,15 @@ def test_chain_of_ten_incrementals_and_shorter_chains(ckptd: Ckptd) -> None:
         assert entry["logical_bytes"] > full["size_bytes"] * 0.9, entry
 
     # the newest: a chain of 10 incrementals on top of the full one
-    assert restart_and_finish(c, "inc") == expected
+    assert restart_and_finish(c, "inc") == plain.stdout
     # a chain of 2, then of 1
-    assert restart_and_finish(c, "inc", "--from", str(infos[2]["id"])) == expected
-    assert restart_and_finish(c, "inc", "--from", str(infos[1]["id"])) == expected
+    assert restart_and_finish(c, "inc", "--from", str(infos[2]["id"])) == plain.stdout
+    assert restart_and_finish(c, "inc", "--from", str(infos[1]["id"])) == plain.stdout
 
 
 def test_full_every_starts_new_chains_and_retention_keeps_what_they_need(ckptd: Ckptd) -> None:
     c = ckptd
-    expected = run_plain(DIRTY).stdout
+    plain = run_plain(DIRTY)
     c.launch("gc", DIRTY, "--full-every", "3")
     infos = checkpoints_at(c, "gc", range(20, 140, 20))  # 6: chains [1, 2, 3] and [4, 5, 6]
     listed = c.ctl_json("list", "gc")
@@ -80,7 +80,7 @@ def test_full_every_starts_new_chains_and_retention_keeps_what_they_need(ckptd: 
     # retention keeps the newest and what its pages come from: the second chain
     kept = c.ctl_json("prune", "gc", "--keep", "1")
     assert [i["id"] for i in kept] == [4, 5, 6], kept
-    assert restart_and_finish(c, "gc") == expected
+    assert restart_and_finish(c, "gc") == plain.stdout
 
     # a link of the chain removed by hand: the checkpoints that need it are refused with a
     # clear error, a plain restart takes the newest one that is complete
@@ -92,7 +92,7 @@ def test_full_every_starts_new_chains_and_retention_keeps_what_they_need(ckptd: 
     assert refused.returncode == 5, refused.stderr
     assert f"builds on {infos[1]['name']}, which is missing" in refused.stderr
     assert c.status("gc2")["state"] == "failed"  # nothing was started
-    assert restart_and_finish(c, "gc2") == expected  # from 4, a full one
+    assert restart_and_finish(c, "gc2") == plain.stdout  # from 4, a full one
 
 
 def test_full_every_one_and_bad_values(ckptd: Ckptd) -> None:
@@ -117,7 +117,7 @@ def test_page_hashes_where_write_protection_is_not_used(ckptd: Ckptd) -> None:
     checkpoint after a restore is a full one again)."""
     c = ckptd
     short = [*DIRTY[:2], "240", DIRTY[3]]
-    expected = run_plain(short).stdout
+    plain = run_plain(short)
     c.env["CKPTD_TRACK"] = "hash"  # the job inherits the launcher's environment
     c.launch("hash", short, "--full-every", "16")
     infos = checkpoints_at(c, "hash", range(20, 80, 20))
@@ -129,7 +129,7 @@ def test_page_hashes_where_write_protection_is_not_used(ckptd: Ckptd) -> None:
         assert entry["parent"] == prev["name"]
         assert entry["size_bytes"] < full["size_bytes"] * 0.45, entry
         assert entry["logical_bytes"] > full["size_bytes"] * 0.9, entry
-    assert restart_and_finish(c, "hash") == expected  # a chain of 2 incrementals
+    assert restart_and_finish(c, "hash") == plain.stdout  # a chain of 2 incrementals
 
     # restored from the first: the next checkpoints are a full one, then an incremental again
     c.ctl("restart", "hash", "--from", str(infos[0]["id"]))
@@ -137,4 +137,4 @@ def test_page_hashes_where_write_protection_is_not_used(ckptd: Ckptd) -> None:
     listed = {i["name"]: i for i in c.ctl_json("list", "hash")}
     assert listed[after[0]["name"]]["size_bytes"] > full["size_bytes"] * 0.9  # full: no table after a restore
     assert listed[after[1]["name"]]["size_bytes"] < full["size_bytes"] * 0.45
-    assert restart_and_finish(c, "hash") == expected
+    assert restart_and_finish(c, "hash") == plain.stdout

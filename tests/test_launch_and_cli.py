@@ -42,6 +42,7 @@ def test_command_not_found(ckptd: Ckptd) -> None:
 
 
 def test_interval_checkpoints_and_wait_across_restart(ckptd: Ckptd, counter: Path) -> None:
+    plain = run_plain([PYTHON, str(counter), "160"])  # the reference, run meanwhile
     ckptd.launch("per", [PYTHON, str(counter), "160"], "--interval", "1.5")
     ckptd.wait_log("per", r"^tick 80$")
     checkpoints = ckptd.ctl_json("list", "per")
@@ -57,13 +58,15 @@ def test_interval_checkpoints_and_wait_across_restart(ckptd: Ckptd, counter: Pat
     ckptd.ctl("restart", "per")
     assert waiter.wait(timeout=120) == 0
     assert "waiting for a restart" in waiter.stderr.read()
-    assert ckptd.log("per") == run_plain([PYTHON, str(counter), "160"]).stdout
+    assert ckptd.log("per") == plain.stdout
 
 
 def test_auto_restart_after_kill9_and_sigterm_preemption(ckptd: Ckptd, counter: Path) -> None:
     """--auto-restart: a job SIGKILLed from outside comes back from its last
     checkpoint with nobody calling restart.  SIGTERM to the foreground
     launch takes a final checkpoint and stops the job (exit 143)."""
+    plain_1 = run_plain([PYTHON, str(counter), "120"])  # the reference, run meanwhile
+    plain_2 = run_plain([PYTHON, str(counter), "80"])
     ckptd.launch("auto", [PYTHON, str(counter), "120"], "--auto-restart")
     ckptd.wait_log("auto", r"^tick 20$")
     ckptd.checkpoint("auto")
@@ -72,7 +75,7 @@ def test_auto_restart_after_kill9_and_sigterm_preemption(ckptd: Ckptd, counter: 
     assert ckptd.wait("auto", timeout=120) == 0
     st = ckptd.status("auto")
     assert st["generation"] == 1 and st["state"] == "exited"
-    assert ckptd.log("auto") == run_plain([PYTHON, str(counter), "120"]).stdout
+    assert ckptd.log("auto") == plain_1.stdout
 
     p = ckptd.popen_launch("term", [PYTHON, str(counter), "80"])
     ckptd.wait_log("term", r"^tick 10$")
@@ -83,13 +86,14 @@ def test_auto_restart_after_kill9_and_sigterm_preemption(ckptd: Ckptd, counter: 
     assert ckptd.status("term")["state"] == "stopped"
     ckptd.ctl("restart", "term")
     assert ckptd.wait("term") == 0
-    assert ckptd.log("term") == run_plain([PYTHON, str(counter), "80"]).stdout
+    assert ckptd.log("term") == plain_2.stdout
 
 
 def test_retention_keeps_last_and_milestones(ckptd: Ckptd, counter: Path) -> None:
     """--keep 2 --keep-every 3: after each commit the last two checkpoints and
     every third one stay; `ckptctl prune` applies a policy by hand; a pruned
     checkpoint is a clear error for restart, and the kept ones restore."""
+    plain = run_plain([PYTHON, str(counter), "150"])  # the reference, run meanwhile
     # full images: the policy alone decides (test_incremental has chains, whose links stay)
     ckptd.launch("ret", [PYTHON, str(counter), "150"], "--keep", "2", "--keep-every", "3", "--full-every", "1")
     for n in range(7):
@@ -107,7 +111,7 @@ def test_retention_keeps_last_and_milestones(ckptd: Ckptd, counter: Path) -> Non
     assert p.returncode == 3 and "has no checkpoint 3" in p.stderr, p.stderr
     ckptd.ctl("restart", "ret", "--from", "6")
     assert ckptd.wait("ret") == 0
-    assert ckptd.log("ret") == run_plain([PYTHON, str(counter), "150"]).stdout
+    assert ckptd.log("ret") == plain.stdout
 
 
 def test_status_json_and_jobs(ckptd: Ckptd, counter: Path) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 from cluster import Cluster
-from conftest import CKPTCTL, CKPTD, PYTHON, WORKLOADS
+from conftest import CKPTCTL, CKPTD, PYTHON, WORKLOADS, run_plain
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces for nodes need root"),
@@ -170,24 +170,34 @@ def three_nodes() -> Iterator[MultiNode]:
         m.teardown()
 
 
-def plain_run(nranks: int, args: list[str]) -> list[bytes]:
-    """The uninterrupted result: every rank as a plain process on loopback."""
-    env = dict(os.environ, CKPTD_NRANKS=str(nranks), DP_PORT=str(29500 + os.getpid() % 400))
-    procs = [
-        subprocess.Popen(
-            [PYTHON, DP, *args], env=dict(env, CKPTD_RANK=str(r)), stdout=subprocess.PIPE, stderr=subprocess.PIPE
-        )
-        for r in range(nranks)
-    ]
-    outs = [p.communicate(timeout=300)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), [p.returncode for p in procs]
-    return outs
+class PlainRanks:
+    """The uninterrupted result: every rank as a plain process on loopback,
+    started at once and run alongside the test; outputs() waits for it."""
+
+    def __init__(self, nranks: int, args: list[str]) -> None:
+        env = dict(os.environ, CKPTD_NRANKS=str(nranks), DP_PORT=str(29500 + os.getpid() % 400))
+        self.procs = [
+            subprocess.Popen(
+                [PYTHON, DP, *args], env=dict(env, CKPTD_RANK=str(r)), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            )
+            for r in range(nranks)
+        ]
+        self._outs: list[bytes] | None = None
+
+    def outputs(self) -> list[bytes]:
+        if self._outs is None:
+            self._outs = [p.communicate(timeout=300)[0] for p in self.procs]
+            assert all(p.returncode == 0 for p in self.procs), [p.returncode for p in self.procs]
+        return self._outs
 
 
-def assert_identical(m: MultiNode, job: str, expected: list[bytes]) -> None:
+plain_run = PlainRanks
+
+
+def assert_identical(m: MultiNode, job: str, expected: PlainRanks) -> None:
     st = m.wait_state(job, ("exited", "failed", "lost", "killed"), timeout=240)
     assert st["state"] == "exited" and st.get("exit_code", 0) == 0, st
-    for rank, want in enumerate(expected):
+    for rank, want in enumerate(expected.outputs()):
         got = m.rank_output(job, rank)
         assert got == want, f"rank {rank} differs from the plain run:\n{got[-600:]!r}\n!=\n{want[-600:]!r}"
 
@@ -243,14 +253,11 @@ def test_torchrun_multinode_gloo(three_nodes: MultiNode, torch_path: str) -> Non
     if torch_path:
         m.env["PYTHONPATH"] = torch_path
     script, steps = str(WORKLOADS / "ddp_gloo.py"), "400"
-    plain = subprocess.run(
+    # the reference runs alongside (its output is text; the ranks' logs are compared as bytes)
+    plain = run_plain(
         [PYTHON, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29561", script, steps],
         env=m.env,
-        capture_output=True,
-        timeout=300,
     )
-    assert plain.returncode == 0, plain.stderr[-2000:]
-    expected = plain.stdout
     run = [PYTHON, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1"]
     m.launch(
         "tr",
@@ -267,6 +274,7 @@ def test_torchrun_multinode_gloo(three_nodes: MultiNode, torch_path: str) -> Non
     m.ctl("restart", "tr", "--on", "1=c")
     st = m.wait_state("tr", ("exited", "failed", "lost", "killed"), timeout=240)
     assert st["state"] == "exited", st
+    expected = plain.stdout.encode()
     assert stdout_of(m, "tr", 0) == expected
     assert expected.splitlines()[-1].endswith(b"ranks agree True")
 

@@ -59,7 +59,7 @@ def unprivileged(tmp_path: Path) -> Iterator[Ckptd]:
 def test_round_trip_without_root(unprivileged: Ckptd, ctimer: str, tmp_path: Path) -> None:
     c = unprivileged
     os.chmod(ctimer, 0o755)
-    expected = run_plain([ctimer, "250"]).stdout
+    plain = run_plain([ctimer, "250"])
     c.launch("nr", [ctimer, "250"], cwd="/")
     c.wait_log("nr", r"^round 40 ")
     c.checkpoint("nr")
@@ -72,7 +72,7 @@ def test_round_trip_without_root(unprivileged: Ckptd, ctimer: str, tmp_path: Pat
     c.kill9("nr")
     c.ctl("restart", "nr")
     assert c.wait("nr") == 0
-    assert c.log("nr") == expected
+    assert c.log("nr") == plain.stdout
 
 
 def test_python_numpy_without_root(unprivileged: Ckptd, tmp_path: Path) -> None:
@@ -83,7 +83,7 @@ def test_python_numpy_without_root(unprivileged: Ckptd, tmp_path: Path) -> None:
         os.chown(out, *NOBODY)
     ref = tmp_path / "ref"
     ref.mkdir()
-    expected = run_plain([PYTHON, str(WORKLOADS / "numpy_train.py"), str(ref), "40", "64"]).stdout
+    plain = run_plain([PYTHON, str(WORKLOADS / "numpy_train.py"), str(ref), "40", "64"])
     c.launch("nrp", [PYTHON, str(WORKLOADS / "numpy_train.py"), str(out), "40", "64"], cwd="/")
     c.wait_log("nrp", r"^step 8 ")
     c.checkpoint("nrp")
@@ -91,7 +91,7 @@ def test_python_numpy_without_root(unprivileged: Ckptd, tmp_path: Path) -> None:
     c.kill9("nrp")
     c.ctl("restart", "nrp")
     assert c.wait("nrp") == 0
-    assert c.log("nrp") == expected
+    assert c.log("nrp") == plain.stdout
     assert (out / "losses.txt").read_bytes() == (ref / "losses.txt").read_bytes()
 
 
@@ -106,7 +106,7 @@ def test_process_tree_without_root(unprivileged: Ckptd, tmp_path: Path) -> None:
     ref = tmp_path / "ref"
     ref.mkdir()
     argv = [PYTHON, str(WORKLOADS / "lifecycle.py"), "500"]
-    expected = run_plain([*argv, str(ref)]).stdout
+    plain = run_plain([*argv, str(ref)])
     c.launch("nrt", [*argv, str(live)], cwd="/")
     c.wait_log("nrt", r"^round 100 ")
     assert c.checkpoint("nrt")["processes"] >= 3
@@ -114,7 +114,7 @@ def test_process_tree_without_root(unprivileged: Ckptd, tmp_path: Path) -> None:
     c.kill9("nrt")
     c.ctl("restart", "nrt")
     assert c.wait("nrt") == 0
-    assert c.log("nrt", "stdout") == expected
+    assert c.log("nrt", "stdout") == plain.stdout
 
 
 def test_tcp_between_processes_without_root(unprivileged: Ckptd) -> None:
@@ -124,7 +124,7 @@ def test_tcp_between_processes_without_root(unprivileged: Ckptd) -> None:
     addresses are still taken come back on a new client port."""
     c = unprivileged
     argv = [PYTHON, str(WORKLOADS / "tcp_ipc.py"), "600", "--reuse"]
-    expected = run_plain(argv).stdout
+    plain = run_plain(argv)
     c.launch("nrtcp", argv, cwd="/")
     c.wait_log("nrtcp", r"^round 100 ")
     c.checkpoint("nrtcp")
@@ -135,4 +135,4 @@ def test_tcp_between_processes_without_root(unprivileged: Ckptd) -> None:
     c.kill9("nrtcp")
     c.ctl("restart", "nrtcp")
     assert c.wait("nrtcp") == 0
-    assert c.log("nrtcp", "stdout") == expected
+    assert c.log("nrtcp", "stdout") == plain.stdout

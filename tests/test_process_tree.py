@@ -29,30 +29,30 @@ def round_trip(c: Ckptd, job: str, argv: list[str], mark: str, nprocs: int, *, a
 
 def test_fork_pipes_shared_anonymous_memory(ckptd: Ckptd) -> None:
     argv = [PYTHON, str(WORKLOADS / "tree_pipes.py"), "700"]
-    expected = run_plain(argv).stdout
-    assert round_trip(ckptd, "tree", argv, r"^step {} ", 2) == expected
-    assert expected.splitlines()[-1].startswith("child exit 7 ")
+    plain = run_plain(argv)
+    assert round_trip(ckptd, "tree", argv, r"^step {} ", 2) == plain.stdout
+    assert plain.stdout.splitlines()[-1].startswith("child exit 7 ")
 
 
 def test_multiprocessing_pool_queue_shared_memory_pipe(ckptd: Ckptd) -> None:
     argv = [PYTHON, str(WORKLOADS / "mp_pool.py"), "600"]
-    expected = run_plain(argv).stdout
+    plain = run_plain(argv)
     # the parent, the producer Process and two Pool workers
-    assert round_trip(ckptd, "mp", argv, r"^step {} ", 4) == expected
+    assert round_trip(ckptd, "mp", argv, r"^step {} ", 4) == plain.stdout
 
 
 def test_shell_pipeline(ckptd: Ckptd) -> None:
     pipeline = f"{PYTHON} {WORKLOADS / 'producer.py'} 700 | tr a-z A-Z | {PYTHON} {WORKLOADS / 'consumer.py'}"
     argv = ["bash", "-c", pipeline]
-    expected = run_plain(argv).stdout
-    assert round_trip(ckptd, "pipe", argv, r"^consumed {} ", 3) == expected
+    plain = run_plain(argv)
+    assert round_trip(ckptd, "pipe", argv, r"^consumed {} ", 3) == plain.stdout
 
 
 def test_unix_sockets_with_data_in_flight(ckptd: Ckptd, tmp_path: Path) -> None:
     argv = [PYTHON, str(WORKLOADS / "unix_ipc.py"), "700"]
-    expected = run_plain([*argv, str(tmp_path / "ref.sock")]).stdout
+    plain = run_plain([*argv, str(tmp_path / "ref.sock")])
     got = round_trip(ckptd, "unix", [*argv, str(tmp_path / "job.sock")], r"^round {} ", 2)
-    assert got == expected
+    assert got == plain.stdout
     assert "passed: via scm_rights" in got
 
 
@@ -61,7 +61,7 @@ def test_unix_socket_directory_removed_before_restart(ckptd: Ckptd, tmp_path: Pa
     removes them at exit: a restart makes the directory of a bound socket
     again rather than fail."""
     argv = [PYTHON, str(WORKLOADS / "unix_ipc.py"), "500"]
-    expected = run_plain([*argv, str(tmp_path / "ref.sock")]).stdout
+    plain = run_plain([*argv, str(tmp_path / "ref.sock")])
     sockdir = tmp_path / "pymp-like" / "sub"
     sockdir.mkdir(parents=True)
     ckptd.launch("gone", [*argv, str(sockdir / "listener")])
@@ -71,7 +71,7 @@ def test_unix_socket_directory_removed_before_restart(ckptd: Ckptd, tmp_path: Pa
     shutil.rmtree(tmp_path / "pymp-like")
     ckptd.ctl("restart", "gone")
     assert ckptd.wait("gone") == 0
-    assert ckptd.log("gone", "stdout") == expected
+    assert ckptd.log("gone", "stdout") == plain.stdout
     assert (sockdir / "listener").is_socket()
 
 
@@ -80,16 +80,16 @@ def test_lifecycle_fifo_memfd_sessions_signals_spawn(ckptd: Ckptd, tmp_path: Pat
     ref.mkdir()
     live.mkdir()
     argv = [PYTHON, str(WORKLOADS / "lifecycle.py"), "700"]
-    expected = run_plain([*argv, str(ref)]).stdout
+    plain = run_plain([*argv, str(ref)])
     got = round_trip(ckptd, "life", [*argv, str(live)], r"^round {} ", 3)
-    assert got == expected
+    assert got == plain.stdout
     assert "zombie exit 5" in got and "grouped exit 9" in got
 
 
 def test_tcp_loopback_between_processes(ckptd: Ckptd) -> None:
     argv = [PYTHON, str(WORKLOADS / "tcp_ipc.py"), "700"]
-    expected = run_plain(argv).stdout
-    assert round_trip(ckptd, "tcp", argv, r"^round {} ", 2) == expected
+    plain = run_plain(argv)
+    assert round_trip(ckptd, "tcp", argv, r"^round {} ", 2) == plain.stdout
     # what the checkpoint holds, as `ckptctl inspect` shows it
     shown = ckptd.ctl("inspect", ckptd.ctl_json("list", "tcp")[0]["path"]).stdout
     assert "listening on 127.0.0.1:" in shown and "listening on [0000:" in shown
@@ -101,7 +101,7 @@ def test_tcp_restarted_many_times_loses_no_byte(ckptd: Ckptd) -> None:
     exchange with Nagle on: bytes an ACK releases while the processes are
     being dumped must land in exactly one image (the SETTLE step)."""
     argv = [PYTHON, str(WORKLOADS / "tcp_ipc.py"), "900"]
-    expected = run_plain(argv).stdout
+    plain = run_plain(argv)
     ckptd.launch("tcpn", argv)
     for n in (60, 160, 260, 360, 460, 560):
         ckptd.wait_log("tcpn", rf"^round {n} ")
@@ -109,14 +109,14 @@ def test_tcp_restarted_many_times_loses_no_byte(ckptd: Ckptd) -> None:
         ckptd.kill9("tcpn")
         ckptd.ctl("restart", "tcpn")
     assert ckptd.wait("tcpn") == 0
-    assert ckptd.log("tcpn", "stdout") == expected
+    assert ckptd.log("tcpn", "stdout") == plain.stdout
 
 
 def test_checkpoints_while_children_come_and_go(ckptd: Ckptd) -> None:
     """fork/exit/wait, subprocess and posix_spawn many times a second: every
     checkpoint lands on a consistent tree, whatever is being created or reaped."""
     argv = [PYTHON, str(WORKLOADS / "busy.py"), "900"]
-    expected = run_plain(argv).stdout
+    plain = run_plain(argv)
     ckptd.launch("busy", argv)
     ckptd.wait_log("busy", r"^round 100 ")
     infos = [ckptd.checkpoint("busy") for _ in range(6)]
@@ -127,7 +127,7 @@ def test_checkpoints_while_children_come_and_go(ckptd: Ckptd) -> None:
     ckptd.kill9("busy")
     ckptd.ctl("restart", "busy", "--from", "2")
     assert ckptd.wait("busy") == 0
-    assert ckptd.log("busy", "stdout") == expected
+    assert ckptd.log("busy", "stdout") == plain.stdout
 
 
 # ---- PyTorch (CPU): installed only for these tests ----
@@ -145,9 +145,9 @@ def test_torch_dataloader_workers(ckptd: Ckptd, torch_path: str, tmp_path: Path)
     ref.mkdir()
     live.mkdir()
     argv = [PYTHON, str(WORKLOADS / "torch_dataloader.py"), "40"]
-    expected = run_plain([*argv, str(ref)], env=env).stdout
+    plain = run_plain([*argv, str(ref)], env=env)
     got = round_trip(ckptd, "dl", [*argv, str(live)], r"^step {} ", 3)
-    assert got == expected
+    assert got == plain.stdout
     assert (live / "model.pt").read_bytes() == (ref / "model.pt").read_bytes()
 
 
@@ -160,10 +160,10 @@ def test_torchrun_gloo_two_ranks(ckptd: Ckptd, torch_path: str) -> None:
     def argv(port: int) -> list[str]:
         return [*run, "--master-port", str(port), str(WORKLOADS / "ddp_gloo.py"), "700"]
 
-    expected = run_plain(argv(29531), env=env).stdout
-    assert expected.splitlines()[-1].endswith("ranks agree True")
+    plain = run_plain(argv(29531), env=env)
     got = round_trip(ckptd, "ddp", argv(29532), r"^step {} ", 3)
-    assert got == expected
+    assert plain.stdout.splitlines()[-1].endswith("ranks agree True")
+    assert got == plain.stdout
 
 
 def test_descriptors_in_flight_retry_then_refuse(ckptd: Ckptd, tmp_path: Path) -> None:
@@ -177,7 +177,7 @@ def test_descriptors_in_flight_retry_then_refuse(ckptd: Ckptd, tmp_path: Path) -
     argv = [PYTHON, str(WORKLOADS / "fd_in_flight.py"), "300"]
     ref_flag = tmp_path / "ref.flag"
     ref_flag.touch()
-    expected = run_plain([*argv, str(ref_flag)]).stdout
+    plain = run_plain([*argv, str(ref_flag)])
 
     # in flight through every try: refused, nothing committed, the job runs on
     flag = tmp_path / "flag"
@@ -205,4 +205,4 @@ def test_descriptors_in_flight_retry_then_refuse(ckptd: Ckptd, tmp_path: Path) -
     c.kill9("scm")
     c.ctl("restart", "scm")
     assert c.wait("scm") == 0
-    assert c.log("scm", "stdout") == expected
+    assert c.log("scm", "stdout") == plain.stdout

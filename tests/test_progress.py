@@ -35,7 +35,7 @@ def wait_until(what: str, predicate: Any, timeout: float = 60) -> Any:
 
 def test_checkpoint_in_flight_is_listed_and_shows_its_bytes(ckptd: Ckptd) -> None:
     c = ckptd
-    expected = run_plain(BIG).stdout
+    plain = run_plain(BIG)
     c.launch("obs", BIG, "--full-every", "1")  # every checkpoint full: its size is known in advance
     c.wait_log("obs", r"^step 20 ")
     first = c.checkpoint("obs")
@@ -101,4 +101,4 @@ def test_checkpoint_in_flight_is_listed_and_shows_its_bytes(ckptd: Ckptd) -> Non
     c.kill9("obs")
     c.ctl("restart", "obs")
     assert c.wait("obs") == 0
-    assert c.log("obs", "stdout") == expected
+    assert c.log("obs", "stdout") == plain.stdout

@@ -18,13 +18,13 @@ def test_numpy_training(ckptd: Ckptd, outdir: Path, tmp_path: Path) -> None:
     ref = tmp_path / "ref"
     ref.mkdir()
     argv = [str(WORKLOADS / "numpy_train.py"), "50", "256"]
-    expected = run_plain([PYTHON, argv[0], str(ref), *argv[1:]]).stdout
+    plain = run_plain([PYTHON, argv[0], str(ref), *argv[1:]])
 
     ckptd.launch("np", [PYTHON, argv[0], str(outdir), *argv[1:]])
     infos = kill_restart_twice(ckptd, "np", lambda n: rf"^step {n} ", (6, 12, 18, 24, 32))
     assert infos[0]["size_bytes"] > 200 << 20  # the ballast is in there
     assert ckptd.wait("np") == 0
-    assert ckptd.log("np") == expected
+    assert ckptd.log("np") == plain.stdout
     assert (outdir / "losses.txt").read_bytes() == (ref / "losses.txt").read_bytes()
     assert (outdir / "weights.npy").read_bytes() == (ref / "weights.npy").read_bytes()
     st = ckptd.status("np")
@@ -33,11 +33,11 @@ def test_numpy_training(ckptd: Ckptd, outdir: Path, tmp_path: Path) -> None:
 
 def test_python_threads_and_blas(ckptd: Ckptd) -> None:
     argv = [PYTHON, str(WORKLOADS / "threads_blas.py"), "70"]
-    expected = run_plain(argv).stdout
+    plain = run_plain(argv)
     ckptd.launch("thr", argv)
     kill_restart_twice(ckptd, "thr", lambda n: rf"^round {n} ", (8, 18, 28, 38, 50))
     assert ckptd.wait("thr") == 0
-    assert ckptd.log("thr") == expected
+    assert ckptd.log("thr") == plain.stdout
 
 
 def _send_usr1_when_waiting(c: Ckptd, job: str) -> None:
@@ -78,11 +78,11 @@ def run_plain_with_usr1(argv: list[str]) -> str:
 
 
 def test_c_pthreads_condvar_setitimer(ckptd: Ckptd, ctimer: str) -> None:
-    expected = run_plain([ctimer, "300"]).stdout
+    plain = run_plain([ctimer, "300"])
     ckptd.launch("ct", [ctimer, "300"])
     kill_restart_twice(ckptd, "ct", lambda n: rf"^round {n} ", (40, 80, 120, 160, 220))
     assert ckptd.wait("ct") == 0
-    assert ckptd.log("ct") == expected
+    assert ckptd.log("ct") == plain.stdout
 
 
 def test_pid_and_tids_unchanged_after_restart(ckptd: Ckptd, tmp_path: Path) -> None:
@@ -122,7 +122,7 @@ def test_restart_after_node_crash_finds_job_on_disk(ckptd: Ckptd, ctimer: str, r
     """The machine goes down: job, ckptd-init and the daemons all die.  With
     the same CKPTD_HOME, `ckptctl restart` starts fresh daemons, finds the job
     and its checkpoints on disk, and the job finishes identically."""
-    expected = run_plain([ctimer, "150"]).stdout
+    plain = run_plain([ctimer, "150"])
     ckptd.launch("crash", [ctimer, "150"])
     ckptd.wait_log("crash", r"^round 30 ")
     ckptd.checkpoint("crash")
@@ -134,4 +134,4 @@ def test_restart_after_node_crash_finds_job_on_disk(ckptd: Ckptd, ctimer: str, r
     args = ["restart", "crash"] + (["--from", "1"] if restart_from == "first" else [])
     ckptd.ctl(*args)
     assert ckptd.wait("crash") == 0
-    assert ckptd.log("crash") == expected
+    assert ckptd.log("crash") == plain.stdout

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -77,10 +78,29 @@ def checksum_entries(
     return entries
 
 
-def verify_files(directory: Path, manifest: dict[str, Any], progress: Callable[[int], None] | None = None) -> None:
-    """Every listed file present, of its size and checksum; nothing else relied on."""
+@dataclass
+class PendingChecksum:
+    """A file whose size is proven but whose checksum is still to be
+    computed: a restart checks memory images while it rebuilds from them."""
+
+    path: Path
+    digest: str
+    size: int
+    failure: str  # the error if it does not match
+
+
+def verify_files(
+    directory: Path,
+    manifest: dict[str, Any],
+    progress: Callable[[int], None] | None = None,
+    defer: Callable[[str], bool] | None = None,
+) -> list[PendingChecksum]:
+    """Every listed file present, of its size and checksum; nothing else relied
+    on.  Files for which defer(path) holds are checked for size only and
+    returned, for check_pending later."""
     name = directory.name
     hint = "restart from an earlier checkpoint with --from ID (`ckptctl list JOB`)"
+    pending = []
     for entry in manifest.get("files", []):
         path = directory / entry["path"]
         try:
@@ -94,10 +114,20 @@ def verify_files(directory: Path, manifest: dict[str, Any], progress: Callable[[
                 Code.DATA_LOSS,
                 f"checkpoint {name} is corrupt: {entry['path']} has {size} bytes, expected {entry['size']}; {hint}",
             )
-        if hash_file(path, progress) != entry[ALGORITHM]:
-            raise CkptdError(
-                Code.DATA_LOSS, f"checkpoint {name} is corrupt: {entry['path']} fails its checksum; {hint}"
-            )
+        check = PendingChecksum(
+            path, entry[ALGORITHM], size, f"checkpoint {name} is corrupt: {entry['path']} fails its checksum; {hint}"
+        )
+        if defer is not None and defer(entry["path"]):
+            pending.append(check)
+        else:
+            check_pending([check], progress)
+    return pending
+
+
+def check_pending(pending: list[PendingChecksum], progress: Callable[[int], None] | None = None) -> None:
+    for check in pending:
+        if hash_file(check.path, progress) != check.digest:
+            raise CkptdError(Code.DATA_LOSS, check.failure)
 
 
 def total_bytes(manifest: dict[str, Any]) -> int:

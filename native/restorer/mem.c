@@ -189,13 +189,16 @@ static void map_one(const struct rst_image *im, const struct ck_vma *v)
         ck_buf_hex(&b, v->start);
         rst_fail("cannot map memory back at its address", where, ck_mmap_failed(p) ? (long)p : -EEXIST);
     }
+    /* before the fill: memory advised MADV_HUGEPAGE is then filled in huge
+     * pages, as the job had it (fewer faults now, a cheap fork for the
+     * next checkpoint's writer) */
+    replay_advice(v);
     fill_pages(im, v);
     if (prot != (int)v->prot) {
         long rc = ck_mprotect((void *)v->start, len, (int)v->prot);
         if (rc < 0)
             rst_fail("cannot restore memory protection", 0, rc);
     }
-    replay_advice(v);
     if (v->flags & CK_VMA_LOCKED)
         ck_sc2(SYS_mlock, v->start, len);  /* best effort: RLIMIT_MEMLOCK may refuse */
 }
