@@ -145,6 +145,7 @@ class Checkpointer:
         self._parked: dict[str, list[ShimConnection]] = {}
         self._dumps: dict[str, tuple[list[pb.ProcessDump], dict[str, Any], tuple[int, int]]] = {}
         self._drained: set[str] = set()
+        self._preparing: dict[str, int] = {}  # job -> checkpoint whose prepare is running
         self._cancelled: dict[str, int] = {}  # job -> checkpoint aborted while its prepare ran
         self._device: dict[str, DeviceMemory] = {}  # job -> its CUDA processes' memory, moved to host
         self._cuda_dumped: dict[str, set[int]] = {}  # job -> host pids dumped with their GPU memory
@@ -232,6 +233,21 @@ class Checkpointer:
 
     def prepare(
         self, job: JobRuntime, ckpt_id: int, timeout_s: float, directory: str, *, check_space: bool = True
+    ) -> pb.PrepareResponse:
+        # an abort counts for the prepare it overlaps, not for the coordinator's
+        # next try of the same round (same id) after one that failed here
+        with job.cond:
+            self._cancelled.pop(job.name, None)
+            self._preparing[job.name] = ckpt_id
+        try:
+            return self._prepare(job, ckpt_id, timeout_s, directory, check_space)
+        finally:
+            with job.cond:
+                self._preparing.pop(job.name, None)
+                self._cancelled.pop(job.name, None)
+
+    def _prepare(
+        self, job: JobRuntime, ckpt_id: int, timeout_s: float, directory: str, check_space: bool
     ) -> pb.PrepareResponse:
         with job.cond:
             if job.state != "running":
@@ -451,8 +467,8 @@ class Checkpointer:
 
     def abort(self, job: JobRuntime, ckpt_id: int = 0) -> None:
         with job.cond:
-            if ckpt_id and job.name not in self._parked:
-                # its prepare may still be running (the coordinator gave up
+            if ckpt_id and job.name not in self._parked and self._preparing.get(job.name) == ckpt_id:
+                # its prepare is still running (the coordinator gave up
                 # waiting): what it parks is released as soon as it is done
                 self._cancelled[job.name] = ckpt_id
         self._drained.discard(job.name)

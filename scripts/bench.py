@@ -13,7 +13,8 @@ committed, including checksums and fsync), its pause is measured from its
 own progress timestamps, it is killed with SIGKILL, its checkpoint files are
 evicted from the page cache, and `ckptctl restart` is timed (verification
 of every checksum plus the restore).  Ratios compare ckptd's throughput on
-the image with the raw bandwidth.  --trees adds process trees (8x256: eight
+the image with the raw bandwidth, and with a read of the same file into
+new memory (measured after the job).  --trees adds process trees (8x256: eight
 processes of 256 MiB each), checkpointed and restarted as one job.  --ranks
 adds multi-node jobs of 1, 2, 4 ranks (each rank its own network namespace
 and virtual IP, all on this machine's agent; root), exchanging messages
@@ -142,15 +143,22 @@ def raw_read_into_new_memory(path: Path) -> float:
     return n / (time.monotonic() - t)
 
 
-def raw_baseline(base: Path, size: int) -> tuple[float, float, float]:
+def raw_baseline(base: Path, size: int) -> tuple[float, float]:
     """Raw sequential write and read bandwidth of `size` bytes in this
-    directory, and the read into new memory."""
+    directory.  The file stays for fresh_baseline."""
     raw = base / "raw.bin"
-    w = raw_write(raw, size)
-    r = raw_read(raw)
+    return raw_write(raw, size), raw_read(raw)
+
+
+def fresh_baseline(base: Path) -> float:
+    """The read of raw_baseline's file into new memory; removes the file.
+    Measured after the job: allocating and freeing that much memory right
+    before it changes how the job's memory is backed (its pause measured
+    ten times longer)."""
+    raw = base / "raw.bin"
     fresh = raw_read_into_new_memory(raw)
     raw.unlink()
-    return w, r, fresh
+    return fresh
 
 
 def kill_and_restart(c: Ckptd, job: str, info: dict, alive: Callable[[], object]) -> dict[str, float]:
@@ -180,7 +188,7 @@ def kill_and_restart(c: Ckptd, job: str, info: dict, alive: Callable[[], object]
 
 
 def bench_size(base: Path, mib: int, procs: int = 1) -> dict[str, float]:
-    w, r, fresh = raw_baseline(base, (mib << 20) * procs)
+    w, r = raw_baseline(base, (mib << 20) * procs)
 
     c = Ckptd(base / "home")
     job = f"bench-{procs}x{mib}"
@@ -207,12 +215,13 @@ def bench_size(base: Path, mib: int, procs: int = 1) -> dict[str, float]:
     paused = gap(c, job, log)
 
     row = kill_and_restart(c, job, info, lambda: gap(c, job, log))
+    fresh = fresh_baseline(base)
     return {"mib": mib, "procs": procs, "raw_write": w, "raw_read": r, "raw_fresh": fresh, "paused_s": paused, **row}
 
 
 def bench_ranks(base: Path, nranks: int, mib: int) -> dict[str, float]:
     """A job of nranks ranks of mib MiB each: checkpoint, pause, restart."""
-    w, r, fresh = raw_baseline(base, (mib << 20) * nranks)
+    w, r = raw_baseline(base, (mib << 20) * nranks)
     c = Ckptd(base / "home")
     job = f"ranks-{nranks}x{mib}"
     ckpt_dir = base / "ckpt"
@@ -234,6 +243,7 @@ def bench_ranks(base: Path, nranks: int, mib: int) -> dict[str, float]:
     info = c.json("ckptctl", "checkpoint", job)
     paused = gaps()
     row = kill_and_restart(c, job, info, gaps)  # every rank alive and talking after the restart
+    fresh = fresh_baseline(base)
     return {
         "mib": mib, "procs": nranks, "ranks": nranks,
         "raw_write": w, "raw_read": r, "raw_fresh": fresh, "paused_s": paused, **row,
@@ -245,7 +255,7 @@ def bench_incremental(base: Path, mib: int, pct: float, rounds: int, track: str)
     ones, each after pct% of its pages were rewritten; the pause of each
     from inside; then a restart from the last (a chain of `rounds`).  track:
     how the shim finds the changed pages (CKPTD_TRACK: uffd or hash)."""
-    w, r, fresh = raw_baseline(base, mib << 20)
+    w, r = raw_baseline(base, mib << 20)
     c = Ckptd(base / "home")
     c.env["CKPTD_TRACK"] = track  # the job inherits the launcher's environment
     job = f"incr-{mib}-{track}"
@@ -278,6 +288,7 @@ def bench_incremental(base: Path, mib: int, pct: float, rounds: int, track: str)
     time.sleep(0.5)
     gap(c, job, log)  # alive
     c.run("ckptctl", "kill", job)
+    fresh = fresh_baseline(base)
     return {
         "mib": mib,
         "track": track,

@@ -42,7 +42,10 @@ def test_multiprocessing_pool_queue_shared_memory_pipe(ckptd: Ckptd) -> None:
 
 
 def test_shell_pipeline(ckptd: Ckptd) -> None:
-    pipeline = f"{PYTHON} {WORKLOADS / 'producer.py'} 700 | tr a-z A-Z | {PYTHON} {WORKLOADS / 'consumer.py'}"
+    # sed -u: line by line (tr would pass the records on in 4 KiB bursts, the
+    # last ones only as the job ends, after the marks the test waits for)
+    upper = "sed -u y/abcdefghijklmnopqrstuvwxyz/ABCDEFGHIJKLMNOPQRSTUVWXYZ/"
+    pipeline = f"{PYTHON} {WORKLOADS / 'producer.py'} 700 | {upper} | {PYTHON} {WORKLOADS / 'consumer.py'}"
     argv = ["bash", "-c", pipeline]
     plain = run_plain(argv)
     assert round_trip(ckptd, "pipe", argv, r"^consumed {} ", 3) == plain.stdout
