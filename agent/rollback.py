@@ -70,6 +70,13 @@ def _prefix_equal(a: Path, b: Path, size: int) -> bool:
     return True
 
 
+def _replace_with_copy(src: Path, live: Path) -> None:
+    """live becomes a copy of src, in one rename (a new inode)."""
+    tmp = live.with_name(live.name + ".restore")
+    shutil.copyfile(src, tmp)
+    os.replace(tmp, live)
+
+
 @dataclass
 class _Undo:
     """How to give one path back what it held before the rollback."""
@@ -145,9 +152,7 @@ class WorldRollback:
             os.truncate(live, size)  # the usual case: only cut the tail
             return
         self._undo.append(_Undo(live, "replace", self._save(live) if live.exists() else None))
-        tmp = live.with_name(live.name + ".restore")
-        shutil.copyfile(saved, tmp)
-        os.replace(tmp, live)
+        _replace_with_copy(saved, live)
 
     def undo(self) -> None:
         """Everything back as it was before the rollback, newest change first.
@@ -166,9 +171,7 @@ class WorldRollback:
                         os.chmod(u.path, u.stat.st_mode & 0o7777)
                         os.utime(u.path, ns=(u.stat.st_atime_ns, u.stat.st_mtime_ns))
                 else:
-                    tmp = u.path.with_name(u.path.name + ".restore")
-                    shutil.copyfile(u.saved, tmp)
-                    os.replace(tmp, u.path)
+                    _replace_with_copy(u.saved, u.path)
             except OSError as e:
                 failed = True
                 log.error("cannot put %s back as it was before the failed restart (%s); its copy is %s",

@@ -30,6 +30,15 @@ def one_line_error(proc: subprocess.CompletedProcess[str], *words: str) -> str:
     return err
 
 
+def flip_byte(path: Path) -> None:
+    """Damage a file the way a bad disk would: one byte in its middle."""
+    with open(path, "r+b") as f:
+        f.seek(os.path.getsize(path) // 2)
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([b[0] ^ 0xFF]))
+
+
 def launch_script(c: Ckptd, tmp_path: Path, job: str, text: str) -> None:
     """Run a small Python program as a job; return once it ticks."""
     script = tmp_path / f"{job}.py"
@@ -96,11 +105,7 @@ def test_corrupt_image_caught_before_restore(ckptd: Ckptd, counter: Path, damage
     ckpt = Path(second["path"])
     if damage == "flip":
         target = ckpt / "proc-2" / "pages.img"
-        with open(target, "r+b") as f:
-            f.seek(os.path.getsize(target) // 2)
-            b = f.read(1)
-            f.seek(-1, 1)
-            f.write(bytes([b[0] ^ 0xFF]))
+        flip_byte(target)
         words = ("checksum", "--from")
     else:
         target = ckpt / "proc-2" / "core.img"
@@ -148,11 +153,7 @@ def test_memory_image_failing_its_checksum_during_rebuild_undoes_the_rollback(ck
     assert at_crash.count(b"\n") >= 50
 
     target = Path(second["path"]) / "proc-2" / "pages.img"
-    with open(target, "r+b") as f:
-        f.seek(os.path.getsize(target) // 2)
-        b = f.read(1)
-        f.seek(-1, 1)
-        f.write(bytes([b[0] ^ 0xFF]))
+    flip_byte(target)
     p = ckptd.ctl("restart", "undo", check=False)
     assert p.returncode == CORRUPT, p.stderr
     one_line_error(p, "pages.img fails its checksum", "--from")
