@@ -352,6 +352,21 @@ static int open_append(const char *path, uint64_t *size)
     return fd;
 }
 
+/* The reaper's "EXIT <wait status>" line; 0 when the pipe holds none (EOF:
+   the reaper died without writing one). */
+static int read_exit_message(int fd, int *status)
+{
+    char msg[64];
+    ssize_t m;
+    do
+        m = read(fd, msg, sizeof(msg) - 1);
+    while (m < 0 && errno == EINTR);
+    if (m <= 0)
+        return 0;
+    msg[m] = 0;
+    return sscanf(msg, "EXIT %d", status) == 1;
+}
+
 static void write_exit_file(const char *path, int status)
 {
     char tmp[4200], text[128];
@@ -430,13 +445,8 @@ int main(int argc, char **argv)
                 }
             }
             if (pfd[1].revents) {
-                char msg[64];
-                ssize_t m = read(st[0], msg, sizeof(msg) - 1);
-                if (m > 0) {
-                    msg[m] = 0;
-                    if (sscanf(msg, "EXIT %d", &status) == 1)
-                        have_status = 1;
-                } else {
+                have_status = read_exit_message(st[0], &status);
+                if (!have_status) {
                     close(st[0]);
                     st[0] = -1;
                 }
@@ -449,6 +459,10 @@ int main(int argc, char **argv)
             int rs;
             if (waitpid(reaper, &rs, WNOHANG) == reaper) {
                 reaper_done = 1;
+                /* the reaper may have written the job's status and exited
+                   after this loop's poll: read it before trusting rs */
+                if (!have_status && st[0] >= 0)
+                    have_status = read_exit_message(st[0], &status);
                 if (!have_status)
                     status = rs;  /* the reaper itself died (killed) */
                 have_status = 1;
