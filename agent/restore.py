@@ -43,6 +43,7 @@ from ckptd.image.checksum import ALGORITHM, IdentityCache
 from ckptd.image.core import CoreImage
 from ckptd.image.manifest import PendingChecksum, check_pending, load_manifest, verify_files
 from ckptd.image.plan import PlanError, plan_for_checkpoint
+from ckptd.image.transfer import is_memory_image  # checked while the restore reads it (module doc)
 from ckptd.native import restorer_binary
 from ckptd.paths import Home
 
@@ -94,11 +95,6 @@ def check_identities(manifest: dict[str, Any], allow_changed: bool, identities: 
                 f"{entry['path']}, which the job reads, {why} since the checkpoint; restore it, "
                 "or pass --allow-changed-files to continue with the new contents",
             )
-
-
-def is_memory_image(path: str) -> bool:
-    """pages.img: checked while the restore reads it (see the module's doc)."""
-    return path == "pages.img" or path.endswith("/pages.img")
 
 
 @dataclass

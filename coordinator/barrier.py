@@ -145,6 +145,11 @@ class CheckpointRound:
         job_dir = record.job_dir
         parent, parent_depth = self._parent()
         ckpt_id = self.catalog.next_id(job_dir)
+        if record.shared_dir is not None:  # ids stay unique across both tiers
+            try:
+                ckpt_id = max(ckpt_id, self.catalog.next_id(record.shared_dir))
+            except OSError as e:  # the shared tier's trouble is the upload's to report
+                log.warning("job %s: cannot list the shared tier: %s", job, e)
         name = job_dir.checkpoint(ckpt_id).name
         tmp = self.catalog.create_tmp(job_dir, ckpt_id)
         record.in_flight = pb.CheckpointInfo(

@@ -13,12 +13,14 @@ import logging
 import os
 import secrets
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ckptd.errors import CkptdError, Code
 from ckptd.image.checksum import fsync_path
 from ckptd.image.manifest import load_manifest, total_bytes
+from ckptd.image.transfer import read_upload_record
 from ckptd.paths import CHECKPOINT_PREFIX, JobDir, checkpoint_name, parse_checkpoint_name
 from ckptd.v1 import ckptd_pb2 as pb
 
@@ -27,6 +29,17 @@ log = logging.getLogger(__name__)
 TMP_PREFIX = "." + CHECKPOINT_PREFIX
 DELETING = ".del-"
 Names = list[str]  # (inside Catalog, "list" is its method)  # .ckpt-N.del-XXXX: a pruned checkpoint on its way out
+
+
+class TieredJob(Protocol):
+    """What listing needs of a job (a jobs.JobRecord)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def job_dir(self) -> JobDir: ...
+    @property
+    def shared_dir(self) -> JobDir | None: ...
 
 
 def storage_error(e: OSError, path: Path) -> CkptdError:
@@ -80,11 +93,42 @@ def info_from_manifest(job: str, path: Path) -> pb.CheckpointInfo:
 
 
 class Catalog:
-    def list(self, job: str, job_dir: JobDir) -> list[pb.CheckpointInfo]:
+    def __init__(self) -> None:
+        # whether an upload of (job, checkpoint) is queued or running (tiering.Uploader)
+        self.uploading: Callable[[str, str], bool] = lambda job, name: False
+
+    def list(self, job: str, job_dir: JobDir, shared: JobDir | None = None) -> list[pb.CheckpointInfo]:
+        """The job's checkpoints, oldest first.  With a shared tier, the
+        stage's and the shared tier's together, each with its tier."""
+        local = self._list_dir(job, job_dir)
+        if shared is None:
+            return local
+        up = {c.id: c for c in self._list_dir(job, shared)}
+        for c in up.values():
+            record = read_upload_record(Path(c.path))
+            c.shared_bytes = int(record.get("stored_bytes", 0))
+            c.upload_s = float(record.get("seconds", 0.0))
+        out = []
+        for c in local:
+            s = up.pop(c.id, None)
+            if s is not None and s.created != "corrupt":
+                c.tier, c.shared_bytes, c.upload_s = "local+shared", s.shared_bytes, s.upload_s
+            else:
+                c.tier = "uploading" if self.uploading(job, c.name) else "local"
+            out.append(c)
+        for s in up.values():
+            s.tier = "shared"  # its stage copy is gone: a restart fetches it first
+            out.append(s)
+        return sorted(out, key=lambda c: c.id)
+
+    def list_job(self, record: TieredJob) -> list[pb.CheckpointInfo]:
+        return self.list(record.name, record.job_dir, record.shared_dir)
+
+    def _list_dir(self, job: str, job_dir: JobDir) -> list[pb.CheckpointInfo]:
         out = []
         try:
             entries = list(os.scandir(job_dir.path))
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # nothing committed there (yet)
             return []
         for entry in entries:
             ckpt_id = parse_checkpoint_name(entry.name)
@@ -106,7 +150,7 @@ class Catalog:
                 n = parse_checkpoint_name(base)
                 if n is not None:
                     ids.append(n)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             pass
         return max(ids) + 1
 
@@ -144,12 +188,12 @@ class Catalog:
         with every checkpoint whose pages a kept one refers to (incremental
         images).  Each goes by a rename first (atomic: never half a checkpoint under
         its committed name), then its files.  Returns the names removed."""
-        ids = [c.id for c in self.list(job, job_dir)]
+        ids = [c.id for c in self._list_dir(job, job_dir)]
         keep = set(ids[-keep_last:]) if keep_last else set(ids)
         if keep_every:
             keep |= {i for i in ids if i % keep_every == 0}
         keep |= set(ids[-1:])
-        infos = {c.id: c for c in self.list(job, job_dir)}
+        infos = {c.id: c for c in self._list_dir(job, job_dir)}
         by_name = {c.name: c.id for c in infos.values()}
         for ckpt_id in list(keep):  # depends_on is already transitive: one pass
             keep |= {by_name[d] for d in infos[ckpt_id].depends_on if d in by_name}

@@ -81,7 +81,13 @@ class JobRecord:
 
     @property
     def job_dir(self) -> JobDir:
+        """Where it checkpoints (with tiering: the stage)."""
         return JobDir.of(self.spec.ckpt_dir, self.spec.name)
+
+    @property
+    def shared_dir(self) -> JobDir | None:
+        """With tiering, where its checkpoints are uploaded (coordinator/tiering.py)."""
+        return JobDir.of(self.spec.shared_dir, self.spec.name) if self.spec.shared_dir else None
 
 
 class JobRegistry:

@@ -17,6 +17,7 @@ from .catalog import Catalog
 from .jobs import JobRecord, JobRegistry
 from .nodes import Node, NodeRegistry
 from .ranks import RUNNING, RankRecord, agent_job_name, aggregate, apply_placement, on_every_rank, rank_spec
+from .tiering import fetch_chain
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +26,7 @@ OP_WAIT_S = 60.0
 
 
 def _choose_checkpoint(record: JobRecord, catalog: Catalog, from_id: int) -> pb.CheckpointInfo:
-    checkpoints = [c for c in catalog.list(record.name, record.job_dir) if c.created != "corrupt" or from_id]
+    checkpoints = [c for c in catalog.list_job(record) if c.created != "corrupt" or from_id]
     if not checkpoints:
         raise CkptdError(
             Code.FAILED_PRECONDITION,
@@ -124,6 +125,7 @@ def restart_job(
     try:
         t0 = time.monotonic()
         checkpoint = _choose_checkpoint(record, catalog, request.from_id)
+        checkpoint = fetch_chain(record, catalog, checkpoint)  # with a shared tier, what the stage lacks
         if record.ranks:
             status = _restart_ranks(record, registry, nodes, checkpoint, request)
             return pb.RestartResponse(status=status, checkpoint=checkpoint, duration_s=time.monotonic() - t0)

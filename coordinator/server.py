@@ -14,6 +14,7 @@ from pathlib import Path
 import grpc
 
 from ckptd.errors import CkptdError, Code
+from ckptd.image.transfer import CODECS
 from ckptd.paths import Home, JobDir
 from ckptd.rpc import call, rpc_method
 from ckptd.v1 import ckptd_pb2 as pb
@@ -26,8 +27,29 @@ from .nodes import HEARTBEAT_S, NodeRegistry
 from .policy import AutoRestarter, IntervalScheduler
 from .ranks import MAX_RANKS, RankRecord, agent_job_name, aggregate, free_slot, on_every_rank, rank_spec, spread, vip
 from .restart import restart_job
+from .tiering import Uploader, prune_shared
 
 log = logging.getLogger(__name__)
+
+UPLOAD_WAIT_S = 6 * 3600.0  # checkpoint --wait-shared: as long as the CLI waits
+
+
+def check_tiers(spec: pb.JobSpec) -> None:
+    if spec.compress not in CODECS:
+        raise CkptdError(
+            Code.INVALID_ARGUMENT, f"unknown compression {spec.compress!r}; use one of: zstd, auto (or leave it off)"
+        )
+    if not spec.shared_dir:
+        if spec.compress:
+            raise CkptdError(
+                Code.INVALID_ARGUMENT,
+                "compression applies to the shared tier: add --stage-dir FAST_DIR (checkpoints commit there "
+                "first and are uploaded, compressed, to --ckpt-dir)",
+            )
+        return
+    spec.shared_dir = str(Path(spec.shared_dir).resolve())
+    if spec.shared_dir == spec.ckpt_dir:
+        raise CkptdError(Code.INVALID_ARGUMENT, "--stage-dir and --ckpt-dir are the same directory; tiering needs two")
 
 
 class Coordinator:
@@ -39,17 +61,24 @@ class Coordinator:
         self.instance = secrets.token_hex(8)  # agents notice a restarted coordinator by it
         self.scheduler = IntervalScheduler(self.registry, self.checkpoint)
         self.auto_restarter = AutoRestarter(self)
+        self.uploader = Uploader(self.catalog)
         for record in self.registry.all():
             # a round that a previous coordinator left half done is never committed
             self.catalog.remove_stale(record.job_dir)
+            if record.shared_dir is not None:
+                self.catalog.remove_stale(record.shared_dir)
 
     def start(self) -> None:
         self.scheduler.start()
         self.auto_restarter.start()
+        self.uploader.start()
+        for record in self.registry.all():  # uploads a previous coordinator left undone
+            self.uploader.submit(record)
 
     def stop(self) -> None:
         self.scheduler.stop()
         self.auto_restarter.stop()
+        self.uploader.stop()
 
     def _set_operation(self, record: JobRecord) -> Callable[[str], None]:
         def set_op(text: str) -> None:
@@ -59,16 +88,27 @@ class Coordinator:
 
         return set_op
 
-    def checkpoint(self, record: JobRecord, timeout_s: float = 0.0, then_stop: bool = False) -> pb.CheckpointInfo:
+    def checkpoint(
+        self, record: JobRecord, timeout_s: float = 0.0, then_stop: bool = False, wait_shared: bool = False
+    ) -> pb.CheckpointInfo:
         info = CheckpointRound(
             record, self.nodes, self.catalog, timeout_s, self._set_operation(record), then_stop=then_stop
         ).run()
         if then_stop:
             self.registry.save(record)
+        if record.shared_dir is None:
+            return info
+        self.uploader.submit(record)
+        # a preempted node may not come back: its last checkpoint must reach the shared tier
+        if wait_shared or then_stop:
+            self.uploader.wait(record, info.name, UPLOAD_WAIT_S)
+        for c in self.catalog.list_job(record):
+            if c.name == info.name:
+                return c
         return info
 
     def restart(self, record: JobRecord, request: pb.RestartRequest) -> pb.RestartResponse:
-        resp = restart_job(record, self.registry, self.nodes, self.catalog, request)
+        resp = restart_job(record, self.registry, self.nodes, self.catalog, request)  # fetches from the shared tier
         resp.status.CopyFrom(self.status(record))
         return resp
 
@@ -100,7 +140,7 @@ class Coordinator:
             st = self._multi_status(record)
             st.spec.CopyFrom(record.spec)
             st.log_path = str(record.job_dir.path / "rank-0" / "output.log")
-            checkpoints = self.catalog.list(record.name, record.job_dir)
+            checkpoints = self.catalog.list_job(record)
             st.checkpoints = len(checkpoints)
             if checkpoints:
                 st.last_checkpoint.CopyFrom(checkpoints[-1])
@@ -112,7 +152,7 @@ class Coordinator:
         st.node = record.node
         st.spec.CopyFrom(record.spec)
         st.log_path = str(record.job_dir.log)
-        checkpoints = self.catalog.list(record.name, record.job_dir)
+        checkpoints = self.catalog.list_job(record)
         st.checkpoints = len(checkpoints)
         if checkpoints:
             st.last_checkpoint.CopyFrom(checkpoints[-1])
@@ -187,6 +227,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         spec.name = spec.name or new_job_name()
         check_name(spec.name)
         spec.ckpt_dir = str(Path(spec.ckpt_dir or self.c.home.default_ckpt_dir).resolve())
+        check_tiers(spec)
         spec.created = spec.created or now_rfc3339()
         if request.node:
             node = self.c.nodes.get(request.node)
@@ -271,13 +312,19 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         record = self.c.registry.get(request.job)
         in_flight = record.in_flight
         return pb.ListCheckpointsResponse(
-            checkpoints=self.c.catalog.list(record.name, record.job_dir),
+            checkpoints=self.c.catalog.list_job(record),
             in_progress=[in_flight] if in_flight is not None else [],
         )
 
     @rpc_method
     def Checkpoint(self, request: pb.CheckpointRequest, context: grpc.ServicerContext) -> pb.CheckpointInfo:
-        return self.c.checkpoint(self.c.registry.get(request.job), request.timeout_s, request.then_stop)
+        record = self.c.registry.get(request.job)
+        if request.wait_shared and record.shared_dir is None:
+            raise CkptdError(
+                Code.FAILED_PRECONDITION,
+                f"job {record.name} has no shared tier to wait for (launch it with --stage-dir to have one)",
+            )
+        return self.c.checkpoint(record, request.timeout_s, request.then_stop, request.wait_shared)
 
     @rpc_method
     def Restart(self, request: pb.RestartRequest, context: grpc.ServicerContext) -> pb.RestartResponse:
@@ -313,10 +360,11 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             )
         try:
             removed = self.c.catalog.prune(record.name, record.job_dir, request.keep_last, request.keep_every)
+            removed += prune_shared(record, self.c.catalog, request.keep_last, request.keep_every)
         finally:
             record.op_lock.release()
         log.info("job %s: pruned %s", record.name, ", ".join(removed) or "nothing")
-        return pb.ListCheckpointsResponse(checkpoints=self.c.catalog.list(record.name, record.job_dir))
+        return pb.ListCheckpointsResponse(checkpoints=self.c.catalog.list_job(record))
 
     @rpc_method
     def SignalJob(self, request: pb.SignalRequest, context: grpc.ServicerContext) -> pb.JobStatus:

@@ -453,6 +453,8 @@ def main() -> int:
     )  # fmt: skip
     ap.add_argument("--out", help="also write the table to this file")
     args = ap.parse_args()
+    if args.dir:
+        Path(args.dir).mkdir(parents=True, exist_ok=True)
     base = Path(tempfile.mkdtemp(prefix="ckptd-bench-", dir=args.dir or "/var/tmp"))
     rows = []
     inc_rows: list[dict[str, Any]] = []

@@ -155,9 +155,16 @@ def cmd_list(args: argparse.Namespace) -> int:
     ]
     # a round being written: listed, but no restart can use it before it commits
     rows += [[str(c.id), c.name, "in progress", "-", "-", c.parent or "-", "-", "-", c.node] for c in resp.in_progress]
+    headers = ["ID", "NAME", "CREATED", "STORED", "LOGICAL", "PARENT", "DURATION", "PAUSED", "NODE"]
+    tiered = [c.tier for c in resp.checkpoints if c.tier]
+    if tiered:  # with a shared tier: where each is, and what it takes up there
+        for row, c in zip(rows, [*resp.checkpoints, *resp.in_progress], strict=False):
+            shared = human_bytes(c.shared_bytes) if c.shared_bytes else "-"
+            row += [c.tier or "stage (writing)", shared]
+        headers += ["TIER", "SHARED"]
     # STORED: bytes this checkpoint wrote; LOGICAL: what it restores (with
     # the unchanged pages it takes from the checkpoints it builds on)
-    say(table(rows, ["ID", "NAME", "CREATED", "STORED", "LOGICAL", "PARENT", "DURATION", "PAUSED", "NODE"]))
+    say(table(rows, headers))
     return 0
 
 
@@ -170,7 +177,9 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
     info = with_progress(
         lambda: call(
             coord.Checkpoint,
-            pb.CheckpointRequest(job=args.job, timeout_s=args.timeout or 0.0, then_stop=args.then_stop),
+            pb.CheckpointRequest(
+                job=args.job, timeout_s=args.timeout or 0.0, then_stop=args.then_stop, wait_shared=args.wait_shared
+            ),
             LONG_RPC_S,
             "coordinator",
         ),
@@ -427,6 +436,12 @@ def parser() -> argparse.ArgumentParser:
         "--then-stop",
         action="store_true",
         help="preemption: stop the job once the checkpoint is committed (it stays paused until then)",
+    )
+    c.add_argument(
+        "--wait-shared",
+        action="store_true",
+        help="with a shared tier (launch --stage-dir): return once the checkpoint is durable there, not only on "
+        "the stage (the job resumes at the stage commit either way)",
     )
     r = add("restart", cmd_restart, "restart a job from its latest (or a chosen) checkpoint")
     r.add_argument("--from", dest="from_id", type=int, metavar="ID", help="checkpoint id (see `ckptctl list`)")

@@ -1,6 +1,7 @@
 """`ckptd`: launch jobs under checkpoint control, and run the daemons.
 
 ckptd launch [--job NAME] [--ckpt-dir DIR] [--interval SECONDS] -- CMD [ARGS...]
+ckptd launch --stage-dir FAST --ckpt-dir SHARED [--compress zstd|auto] -- CMD ...
 ckptd launch --ranks N [--nodes A,B,...] [--auto-restart] -- CMD {rank} ...
 ckptd coordinator [--listen ADDR]
 ckptd agent --coordinator ADDR --node NAME [--listen ADDR] [--ip ADDRESS]
@@ -68,6 +69,13 @@ def cmd_launch(args: argparse.Namespace) -> int:
     if args.dedup and not (args.ranks or args.nodes):
         note("error: --dedup stores pages once across the ranks of a job: add --ranks N or --nodes A,B")
         return EXIT_USAGE
+    if args.stage_dir and not args.ckpt_dir:
+        note("error: --stage-dir needs --ckpt-dir SHARED_DIR: the shared tier its checkpoints are uploaded to")
+        return EXIT_USAGE
+    if args.compress != "off" and not args.stage_dir:
+        note("error: --compress applies to the shared tier: add --stage-dir FAST_DIR (checkpoints commit there, "
+             "then go up to --ckpt-dir compressed)")  # fmt: skip
+        return EXIT_USAGE
     home = Home.from_env()
     address = coordinator_address(home)
     spec = pb.JobSpec(
@@ -75,7 +83,9 @@ def cmd_launch(args: argparse.Namespace) -> int:
         argv=argv,
         env=dict(os.environ),
         cwd=os.getcwd(),
-        ckpt_dir=os.path.abspath(args.ckpt_dir) if args.ckpt_dir else "",
+        ckpt_dir=os.path.abspath(args.stage_dir or args.ckpt_dir or "") if args.stage_dir or args.ckpt_dir else "",
+        shared_dir=os.path.abspath(args.ckpt_dir) if args.stage_dir and args.ckpt_dir else "",
+        compress="" if args.compress == "off" else args.compress,
         interval_s=args.interval or 0.0,
         uid=os.getuid(),
         nranks=args.ranks or 0,
@@ -197,7 +207,20 @@ def parser() -> argparse.ArgumentParser:
         "kept in the job's log; the exit status is CMD's (128+N if killed by signal N).",
     )
     launch.add_argument("--job", help="job name (default: generated, printed on stderr)")
-    launch.add_argument("--ckpt-dir", help="where checkpoints go (default $CKPTD_HOME/checkpoints)")
+    launch.add_argument(
+        "--ckpt-dir",
+        help="where checkpoints go (default $CKPTD_HOME/checkpoints); with --stage-dir, the shared tier",
+    )
+    launch.add_argument(
+        "--stage-dir", metavar="FAST_DIR",
+        help="tiering: checkpoints commit on this fast directory first (a local NVMe, say) and are uploaded "
+        "to --ckpt-dir in the background; a restart whose stage copy is gone fetches it back",
+    )  # fmt: skip
+    launch.add_argument(
+        "--compress", choices=("off", "zstd", "auto"), default="off",
+        help="with --stage-dir: store memory images zstd-compressed on the shared tier (multithreaded); "
+        "auto: only those whose samples shrink by a fifth or more (default off)",
+    )  # fmt: skip
     launch.add_argument("--interval", type=float, metavar="SECONDS", help="take a checkpoint this often")
     launch.add_argument("--keep", type=int, metavar="N", help="retention: keep the last N checkpoints (default: all)")
     launch.add_argument(

@@ -1,0 +1,193 @@
+"""Moving a committed checkpoint between tiers: a whole directory copied
+file by file, memory images optionally zstd-compressed on the way up and
+decompressed on the way down.
+
+Every copy is durable before it is named: files are fsynced in a temporary
+directory which the caller renames into place.  Holes (pages another rank's
+image holds, see dedup.py) stay holes in a plain copy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import zstandard
+
+from .checksum import fsync_path
+
+CHUNK = 8 << 20
+ZSTD_SUFFIX = ".zst"
+UPLOAD_RECORD = "upload.json"  # in a shared-tier copy: how its files were stored
+CODECS = ("", "zstd", "auto")
+ZSTD_LEVEL = 1  # the fast end: compression must keep up with the disk
+AUTO_SAMPLE = 4 << 20  # "auto" compresses a file when samples of it shrink ...
+AUTO_SAMPLES = 8
+AUTO_RATIO = 0.8  # ... below this fraction
+
+Progress = Callable[[int], None]
+
+
+@dataclass
+class CopyReport:
+    """What one tier copy did: logical bytes, bytes stored, files compressed."""
+
+    bytes: int = 0
+    stored: int = 0
+    compressed: list[str] = field(default_factory=list)
+
+
+def is_memory_image(rel: str) -> bool:
+    return rel == "pages.img" or rel.endswith("/pages.img")
+
+
+def _files(root: Path) -> list[str]:
+    out = []
+    for dirpath, _dirs, names in os.walk(root):
+        for name in names:
+            out.append(str((Path(dirpath) / name).relative_to(root)))
+    return sorted(out)
+
+
+def _copy_sparse(src: Path, dst: Path, progress: Progress | None) -> int:
+    """Copy the data extents of src; holes stay holes.  Returns bytes copied."""
+    copied = 0
+    with open(src, "rb", buffering=0) as fi, open(dst, "wb", buffering=0) as fo:
+        size = os.fstat(fi.fileno()).st_size
+        pos = 0
+        while pos < size:
+            try:
+                data = os.lseek(fi.fileno(), pos, os.SEEK_DATA)
+            except OSError:  # ENXIO: only a hole is left
+                break
+            end = os.lseek(fi.fileno(), data, os.SEEK_HOLE)
+            off = data
+            while off < end:
+                n = os.copy_file_range(fi.fileno(), fo.fileno(), min(end - off, CHUNK), off, off)
+                if n <= 0:
+                    raise OSError(f"short copy of {src} at {off}")
+                off += n
+                copied += n
+                if progress:
+                    progress(n)
+            pos = end
+        os.ftruncate(fo.fileno(), size)
+        os.fsync(fo.fileno())
+    return copied
+
+
+def worth_compressing(path: Path) -> bool:
+    """Samples spread over the file compress below AUTO_RATIO: "auto" keeps
+    incompressible memory (random weights, say) off the compressor."""
+    size = path.stat().st_size
+    if size == 0:
+        return False
+    cctx = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
+    raw = packed = 0
+    with open(path, "rb", buffering=0) as f:
+        for i in range(AUTO_SAMPLES):
+            f.seek(size * i // AUTO_SAMPLES)
+            chunk = f.read(AUTO_SAMPLE)
+            raw += len(chunk)
+            packed += len(cctx.compress(chunk))
+    return raw > 0 and packed < raw * AUTO_RATIO
+
+
+def _compress(src: Path, dst: Path, progress: Progress | None) -> int:
+    """zstd with one worker per core.  Returns the bytes written."""
+    cctx = zstandard.ZstdCompressor(level=ZSTD_LEVEL, threads=-1)
+    with open(src, "rb", buffering=0) as fi, open(dst, "wb") as fo:
+        with cctx.stream_writer(fo, closefd=False) as w:
+            buf = bytearray(CHUNK)
+            view = memoryview(buf)
+            while n := fi.readinto(buf):
+                w.write(view[:n])
+                if progress:
+                    progress(n)
+        fo.flush()
+        os.fsync(fo.fileno())
+        return fo.tell()
+
+
+def _decompress(src: Path, dst: Path, progress: Progress | None) -> int:
+    dctx = zstandard.ZstdDecompressor()
+    written = 0
+    with open(src, "rb") as fi, open(dst, "wb", buffering=0) as fo:
+        reader = dctx.stream_reader(fi)
+        buf = bytearray(CHUNK)
+        view = memoryview(buf)
+        while n := reader.readinto(buf):
+            fo.write(view[:n])
+            written += n
+            if progress:
+                progress(n)
+        os.fsync(fo.fileno())
+    return written
+
+
+def _sync_dirs(root: Path) -> None:
+    for dirpath, _dirs, _names in os.walk(root, topdown=False):
+        fsync_path(dirpath)
+
+
+def upload_copy(src: Path, dst: Path, codec: str, progress: Progress | None = None) -> CopyReport:
+    """Copy checkpoint directory src into the new directory dst (the shared
+    tier), compressing memory images by codec, and record how in
+    dst/upload.json.  Everything is fsynced; the caller renames dst."""
+    if codec not in CODECS:
+        raise ValueError(f"unknown codec {codec!r}")
+    t0 = time.monotonic()
+    report = CopyReport()
+    for rel in _files(src):
+        s, d = src / rel, dst / rel
+        d.parent.mkdir(parents=True, exist_ok=True)
+        size = s.stat().st_size
+        report.bytes += size
+        if is_memory_image(rel) and (codec == "zstd" or (codec == "auto" and worth_compressing(s))):
+            report.stored += _compress(s, d.with_name(d.name + ZSTD_SUFFIX), progress)
+            report.compressed.append(rel)
+        else:
+            report.stored += _copy_sparse(s, d, progress)
+    record = {"codec": "zstd" if report.compressed else "", "compressed": report.compressed,
+              "bytes": report.bytes, "stored_bytes": report.stored,
+              "seconds": round(time.monotonic() - t0, 3)}  # fmt: skip
+    with open(dst / UPLOAD_RECORD, "w") as f:
+        json.dump(record, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    _sync_dirs(dst)
+    return report
+
+
+def read_upload_record(path: Path) -> dict:
+    try:
+        data = json.loads((path / UPLOAD_RECORD).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def fetch_copy(src: Path, dst: Path, progress: Progress | None = None) -> CopyReport:
+    """The way down: copy shared-tier checkpoint src into the new directory
+    dst as it was committed on the stage (memory images decompressed,
+    upload.json left behind).  Everything is fsynced; the caller renames dst."""
+    compressed = set(read_upload_record(src).get("compressed", []))
+    report = CopyReport()
+    for rel in _files(src):
+        if rel == UPLOAD_RECORD:
+            continue
+        s = src / rel
+        plain = rel.removesuffix(ZSTD_SUFFIX)
+        (dst / plain).parent.mkdir(parents=True, exist_ok=True)
+        if plain != rel and plain in compressed:
+            report.bytes += _decompress(s, dst / plain, progress)
+            report.compressed.append(plain)
+        else:
+            report.bytes += _copy_sparse(s, dst / rel, progress)
+        report.stored += s.stat().st_size
+    _sync_dirs(dst)
+    return report
