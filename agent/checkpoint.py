@@ -56,6 +56,8 @@ MAX_QUIESCE_PASSES = 20
 PREMAP_TIMEOUT_S = 2.0  # reading smaps early; skipped past this
 SETTLE_MS = 500  # how long unsent TCP bytes may take to leave (a delayed ACK is up to 200 ms)
 DUMP_PARALLEL = 8
+# how a process's pages reached pages.img (DUMPED capture=, native/shim/writeout.c)
+CAPTURE_MODES = {0: "pause", 1: "writer", 2: "staged"}
 
 _ERRNO = re.compile(r"\(errno (\d+)\)")
 
@@ -377,6 +379,7 @@ class Checkpointer:
             written_files=reply.int("files"),
             dump_s=time.monotonic() - t0,
             exe=conn.exe,
+            capture=CAPTURE_MODES.get(reply.int("capture"), "pause"),
         )
 
     def drain(self, job: JobRuntime) -> None:
@@ -621,6 +624,7 @@ class Checkpointer:
                     "core_bytes": pd.core_bytes,
                     "files_bytes": pd.files_bytes,
                     "dump_s": round(pd.dump_s, 6),
+                    "capture": pd.capture,
                     # its GPU memory is in its image: a restore puts it back on the device
                     "cuda": pd.host_pid in cuda,
                 }

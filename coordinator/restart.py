@@ -17,7 +17,7 @@ from .catalog import Catalog
 from .jobs import JobRecord, JobRegistry
 from .nodes import Node, NodeRegistry
 from .ranks import RUNNING, RankRecord, agent_job_name, aggregate, apply_placement, on_every_rank, rank_spec
-from .tiering import fetch_chain
+from .tiering import TransferBoard, fetch_chain
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +115,8 @@ def restart_job(
     nodes: NodeRegistry,
     catalog: Catalog,
     request: pb.RestartRequest,
+    *,
+    board: TransferBoard,
 ) -> pb.RestartResponse:
     # a checkpoint in flight (a periodic one, say) ends quickly once the job
     # is dead: wait for it rather than refuse
@@ -125,7 +127,7 @@ def restart_job(
     try:
         t0 = time.monotonic()
         checkpoint = _choose_checkpoint(record, catalog, request.from_id)
-        checkpoint = fetch_chain(record, catalog, checkpoint)  # with a shared tier, what the stage lacks
+        checkpoint = fetch_chain(record, catalog, checkpoint, board)  # with a shared tier, what the stage lacks
         if record.ranks:
             status = _restart_ranks(record, registry, nodes, checkpoint, request)
             return pb.RestartResponse(status=status, checkpoint=checkpoint, duration_s=time.monotonic() - t0)

@@ -108,7 +108,7 @@ class Coordinator:
         return info
 
     def restart(self, record: JobRecord, request: pb.RestartRequest) -> pb.RestartResponse:
-        resp = restart_job(record, self.registry, self.nodes, self.catalog, request)  # fetches from the shared tier
+        resp = restart_job(record, self.registry, self.nodes, self.catalog, request, board=self.uploader.board)
         resp.status.CopyFrom(self.status(record))
         return resp
 
@@ -144,7 +144,7 @@ class Coordinator:
             st.checkpoints = len(checkpoints)
             if checkpoints:
                 st.last_checkpoint.CopyFrom(checkpoints[-1])
-            return st
+            return self._with_transfer(record, st)
         st = pb.JobStatus()
         with self.registry.lock:
             st.CopyFrom(record.status)
@@ -180,6 +180,15 @@ class Coordinator:
                     st.operation = operation
                     if operation and live.HasField("progress"):
                         st.progress.CopyFrom(live.progress)
+        return self._with_transfer(record, st)
+
+    def _with_transfer(self, record: JobRecord, st: pb.JobStatus) -> pb.JobStatus:
+        """An upload or a restart's fetch shows as the job's operation while
+        nothing else is going on."""
+        transfer = self.uploader.board.get(record.name)
+        if transfer is not None and not st.operation:
+            st.operation = transfer[0]
+            st.progress.CopyFrom(transfer[1])
         return st
 
 

@@ -23,10 +23,11 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
 from ckptd.errors import CkptdError, Code
-from ckptd.image.transfer import fetch_copy, upload_copy
+from ckptd.image.transfer import fetch_copy, tree_bytes, upload_copy
 from ckptd.paths import JobDir, parse_checkpoint_name
 from ckptd.v1 import ckptd_pb2 as pb
 
@@ -40,15 +41,50 @@ log = logging.getLogger(__name__)
 SHARED_TIER_LOCK = threading.Lock()
 
 
+class TransferBoard:
+    """The tier transfers in flight, per job, for `ckptctl status` and the
+    progress bars of `checkpoint --wait-shared` and `restart`."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._jobs: dict[str, tuple[str, pb.Progress]] = {}
+
+    def begin(self, job: str, operation: str, what: str, total: int) -> Callable[[int], None]:
+        with self._lock:
+            self._jobs[job] = (operation, pb.Progress(done=0, total=total, what=what))
+
+        def advance(n: int) -> None:
+            with self._lock:
+                if job in self._jobs:
+                    self._jobs[job][1].done += n
+
+        return advance
+
+    def end(self, job: str) -> None:
+        with self._lock:
+            self._jobs.pop(job, None)
+
+    def get(self, job: str) -> tuple[str, pb.Progress] | None:
+        with self._lock:
+            found = self._jobs.get(job)
+            if found is None:
+                return None
+            progress = pb.Progress()
+            progress.CopyFrom(found[1])
+            return found[0], progress
+
+
 class Uploader:
     """One background thread uploading committed checkpoints, oldest first."""
 
     def __init__(self, catalog: Catalog) -> None:
         self.catalog = catalog
+        self.board = TransferBoard()
         self._cond = threading.Condition()
         self._queue: deque[tuple[JobRecord, str]] = deque()
         self._current: tuple[str, str] | None = None
         self._failed: dict[tuple[str, str], str] = {}
+        self._plain_bw: dict[str, float] = {}  # shared dir -> bytes/s of its last uncompressed upload
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="uploader", daemon=True)
         catalog.uploading = self.uploading
@@ -142,7 +178,12 @@ class Uploader:
         t0 = time.monotonic()
         tmp = self.catalog.create_tmp(shared, ckpt_id)
         try:
-            report = upload_copy(src, tmp, record.spec.compress)
+            advance = self.board.begin(record.name, f"uploading {name} to the shared tier", "uploading",
+                                       tree_bytes(src))  # fmt: skip
+            codec, known_bw = record.spec.compress, self._plain_bw.get(str(shared.path), 0.0)
+            if codec == "auto" and not known_bw:
+                codec = ""  # auto's first upload goes plain: it measures the shared tier's bandwidth
+            report = upload_copy(src, tmp, codec, advance, known_bw)
             self.catalog.commit(tmp, shared, ckpt_id)
         except FileNotFoundError:
             self.catalog.discard(tmp)
@@ -156,7 +197,11 @@ class Uploader:
         except BaseException:
             self.catalog.discard(tmp)
             raise
+        finally:
+            self.board.end(record.name)
         took = time.monotonic() - t0
+        if not report.compressed:
+            self._plain_bw[str(shared.path)] = report.bytes / max(took, 1e-9)
         log.info(
             "job %s: %s uploaded to %s: %d bytes stored for %d (%s), %.2f s, %.0f MB/s",
             record.name, name, shared.path, report.stored, report.bytes,
@@ -178,15 +223,24 @@ def prune_shared(record: JobRecord, catalog: Catalog, keep_last: int, keep_every
     return removed
 
 
-def fetch_chain(record: JobRecord, catalog: Catalog, checkpoint: pb.CheckpointInfo) -> pb.CheckpointInfo:
+def fetch_chain(
+    record: JobRecord, catalog: Catalog, checkpoint: pb.CheckpointInfo, board: TransferBoard
+) -> pb.CheckpointInfo:
     """Bring checkpoint, and every one it builds on, down to the stage from
     the shared tier where the stage lacks them.  Returns its stage entry."""
     shared = record.shared_dir
     if shared is None:
         return checkpoint
     with SHARED_TIER_LOCK:
-        for name in [*checkpoint.depends_on, checkpoint.name]:
-            _fetch_one(record, catalog, shared, name)
+        names = [n for n in [*checkpoint.depends_on, checkpoint.name] if not record.job_dir.path.joinpath(n).is_dir()]
+        if names:
+            total = sum(tree_bytes(shared.path / n) for n in names)
+            advance = board.begin(record.name, f"fetching {checkpoint.name} from the shared tier", "fetching", total)
+            try:
+                for name in names:
+                    _fetch_one(record, catalog, shared, name, advance)
+            finally:
+                board.end(record.name)
     for c in catalog.list(record.name, record.job_dir):
         if c.name == checkpoint.name:
             out = pb.CheckpointInfo()
@@ -195,7 +249,7 @@ def fetch_chain(record: JobRecord, catalog: Catalog, checkpoint: pb.CheckpointIn
     raise AssertionError(f"{checkpoint.name} fetched but not listed")
 
 
-def _fetch_one(record: JobRecord, catalog: Catalog, shared: JobDir, name: str) -> None:
+def _fetch_one(record: JobRecord, catalog: Catalog, shared: JobDir, name: str, advance: Callable[[int], None]) -> None:
     ckpt_id = parse_checkpoint_name(name)
     assert ckpt_id is not None
     if record.job_dir.path.joinpath(name).is_dir():
@@ -204,7 +258,7 @@ def _fetch_one(record: JobRecord, catalog: Catalog, shared: JobDir, name: str) -
     t0 = time.monotonic()
     tmp = catalog.create_tmp(record.job_dir, ckpt_id)
     try:
-        report = fetch_copy(src, tmp)
+        report = fetch_copy(src, tmp, advance)
         catalog.commit(tmp, record.job_dir, ckpt_id)
     except OSError as e:
         catalog.discard(tmp)

@@ -308,6 +308,82 @@ def bench_incremental(base: Path, mib: int, pct: float, rounds: int, track: str)
     }
 
 
+def bench_tiering(base: Path, mib: int, codec: str, fill: str) -> dict[str, Any]:
+    """One process of mib MiB (fill: its memory's content, see
+    bench_workload.py) launched with --stage-dir and --ckpt-dir (both in
+    this directory here: what is measured is the copy and the compressor,
+    not a second disk), codec: --compress.  A checkpoint with --wait-shared,
+    then a restart after the stage is deleted: a fetch (read, decompress,
+    write to the stage) and a rebuild, next to a raw read plus a raw write."""
+    w, r = raw_baseline(base, mib << 20)
+    c = Ckptd(base / "home")
+    c.env["BENCH_FILL"] = fill
+    job = f"tier-{mib}-{codec}-{fill}"
+    stage, shared = base / "stage", base / "shared"
+    c.run("ckptd", "launch", "--detach", "--job", job, "--stage-dir", str(stage), "--ckpt-dir", str(shared),
+          "--compress", codec, "--full-every", "1", "--", sys.executable, str(WORKLOAD), str(mib))  # fmt: skip
+    log = stage / job / "output.log"
+    wait_line(log, "ready")
+    time.sleep(1.0)
+    gap(c, job, log)
+    info = c.json("ckptctl", "checkpoint", job, "--wait-shared")
+    paused = gap(c, job, log)
+    if codec == "auto":  # its first upload measures the shared tier uncompressed: time the second
+        info = c.json("ckptctl", "checkpoint", job, "--wait-shared")
+        paused = max(paused, gap(c, job, log))
+    for pid in c.json("ckptctl", "status", job)["pids"]:
+        os.kill(pid, signal.SIGKILL)
+    while c.json("ckptctl", "status", job)["state"] in ("running", "checkpointing"):
+        time.sleep(0.05)
+    shutil.rmtree(stage / job / info["name"])  # the stage is lost with its node
+    evict(shared / job)
+    restart_s = float(c.json("ckptctl", "restart", job)["duration_s"])
+    time.sleep(0.5)
+    gap(c, job, log)  # alive
+    c.run("ckptctl", "kill", job)
+    shutil.rmtree(stage, ignore_errors=True)
+    shutil.rmtree(shared, ignore_errors=True)
+    raw = base / "raw.bin"
+    raw.unlink()
+    return {
+        "mib": mib,
+        "codec": codec,
+        "fill": fill,
+        "raw_write": w,
+        "raw_read": r,
+        "image": int(info["size_bytes"]),
+        "stage_s": float(info["duration_s"]),
+        "paused_s": paused,
+        "upload_s": float(info["upload_s"]),
+        "shared_bytes": int(info["shared_bytes"]),
+        "restart_s": restart_s,
+    }
+
+
+def tiering_table(rows: list[dict[str, Any]]) -> str:
+    head = (
+        "| resident | memory holds | --compress | stage commit s | paused s | upload s | upload/raw write "
+        "| shared/stage bytes | restart from shared s | restart/(raw read + raw write) |\n"
+        "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|\n"
+    )
+    body = ""
+    for r in rows:
+        cells = [
+            f"{r['mib']} MiB",
+            {"weights": "float32 N(0,1)", "pattern": "integer pattern"}.get(r["fill"], r["fill"]),
+            r["codec"],
+            f"{r['stage_s']:.2f}",
+            f"{r['paused_s']:.3f}",
+            f"{r['upload_s']:.2f}",
+            f"{r['image'] / r['upload_s'] / r['raw_write']:.2f}",
+            f"{r['shared_bytes'] / r['image']:.2f}",
+            f"{r['restart_s']:.2f}",
+            f"{(r['image'] / r['raw_read'] + r['image'] / r['raw_write']) / r['restart_s']:.2f}",
+        ]
+        body += "| " + " | ".join(cells) + " |\n"
+    return head + body
+
+
 def allocated(directory: Path) -> int:
     """Bytes the files under directory take on disk (holes excluded)."""
     return sum(p.stat().st_blocks * 512 for p in directory.rglob("*") if p.is_file())
@@ -451,6 +527,15 @@ def main() -> int:
         help="two data-parallel ranks with a replicated model of this many MiB, checkpointed without and "
         "with --dedup (root; '' for none)",
     )  # fmt: skip
+    ap.add_argument(
+        "--tiering", default="",
+        help="tiering (--stage-dir): a process of this many MiB, uploaded with each of --codecs ('' for none)",
+    )  # fmt: skip
+    ap.add_argument("--codecs", default="off,zstd,auto", help="--compress values to measure with --tiering")
+    ap.add_argument(
+        "--fills", default="pattern,weights",
+        help="what the tiering process's memory holds: pattern (integers), weights (float32 N(0,1))",
+    )  # fmt: skip
     ap.add_argument("--out", help="also write the table to this file")
     args = ap.parse_args()
     if args.dir:
@@ -459,7 +544,13 @@ def main() -> int:
     rows = []
     inc_rows: list[dict[str, Any]] = []
     dedup_rows: list[dict[str, Any]] = []
+    tier_rows: list[dict[str, Any]] = []
     try:
+        for mib in (int(s) for s in filter(None, args.tiering.split(","))):
+            for fill in filter(None, args.fills.split(",")):
+                for codec in filter(None, args.codecs.split(",")):
+                    print(f"benchmarking tiering of {mib} MiB ({fill}, {codec}) ...", file=sys.stderr, flush=True)
+                    tier_rows.append(bench_tiering(base, mib, codec, fill))
         for mib in (int(s) for s in filter(None, args.incremental.split(","))):
             print(f"benchmarking incremental checkpoints of {mib} MiB ({args.track}) ...", file=sys.stderr, flush=True)
             for track in filter(None, args.track.split(",")):
@@ -495,6 +586,8 @@ def main() -> int:
         text += "\nIncremental checkpoints:\n\n" + incremental_table(inc_rows)
     if dedup_rows:
         text += "\nTwo data-parallel ranks with the same model:\n\n" + dedup_table(dedup_rows)
+    if tier_rows:
+        text += "\nTiering (stage and shared tier in the same directory):\n\n" + tiering_table(tier_rows)
     sys.stdout.write(text)
     if args.out:
         Path(args.out).write_text(text)

@@ -11,6 +11,8 @@ With a third argument PCT (incremental checkpoints), the background
 writes all land on one page, and SIGUSR2 rewrites PCT% of the pages (at
 random, one word each) and prints "dirtied N": exactly what changes
 between two checkpoints is under the benchmark's control.
+BENCH_FILL=weights fills the memory as a model's weights look (float32,
+normally distributed) rather than with a cheap integer pattern.
 Usage: bench_workload.py MIB [PROCS [PCT]]
 """
 
@@ -30,8 +32,11 @@ for _ in range(procs - 1):
 
 import numpy as np  # noqa: E402  (after fork: each process maps its own copy)
 
-data = np.arange(mib * (1 << 20) // 8, dtype=np.uint64)  # resident, not compressible to nothing
-data *= 2654435761
+if os.environ.get("BENCH_FILL") == "weights":  # like a model's: float32, normally distributed
+    data = np.random.default_rng(0).standard_normal(mib * (1 << 20) // 4, dtype=np.float32).view(np.uint64)
+else:
+    data = np.arange(mib * (1 << 20) // 8, dtype=np.uint64)  # resident, not compressible to nothing
+    data *= 2654435761
 report = [False]
 dirty = [False]
 signal.signal(signal.SIGUSR1, lambda s, f: report.__setitem__(0, True))

@@ -7,7 +7,9 @@ chain deleted by hand."""
 from __future__ import annotations
 
 import itertools
+import json
 import shutil
+from pathlib import Path
 from typing import Any
 
 from conftest import CKPTD, PYTHON, WORKLOADS, Ckptd, run_plain
@@ -67,6 +69,27 @@ def test_chain_of_ten_incrementals_and_shorter_chains(ckptd: Ckptd) -> None:
     # a chain of 2, then of 1
     assert restart_and_finish(c, "inc", "--from", str(infos[2]["id"])) == plain.stdout
     assert restart_and_finish(c, "inc", "--from", str(infos[1]["id"])) == plain.stdout
+
+
+def test_small_incrementals_are_staged_and_restore(ckptd: Ckptd) -> None:
+    """An incremental image small next to the process (here a few 0.25%
+    steps of 256 MiB) is staged: copied aside while the job is parked and
+    written after it resumes (native/shim/writeout.c); a full one is written
+    by a forked writer.  Both restore to the uninterrupted run's output."""
+    big = [PYTHON, str(WORKLOADS / "dirty_pages.py"), "100", "256", "0.25", "0.1"]
+    plain = run_plain(big)
+    ckptd.launch("stg", big, "--full-every", "16")
+    infos = checkpoints_at(ckptd, "stg", range(10, 16, 2), rpc=True)
+    capture = {}
+    for info in infos:
+        manifest = json.loads((Path(info["path"]) / "manifest.json").read_text())
+        main = next(p for p in manifest["processes"] if p["pid"] == 2)
+        capture[info["name"]] = main["capture"]
+    modes = list(capture.values())
+    assert modes[0] == "writer" and "staged" in modes[1:], capture
+    staged = next(i for i in infos if capture[i["name"]] == "staged")
+    ckptd.ctl("inspect", "--verify", staged["path"])
+    assert restart_and_finish(ckptd, "stg", "--from", str(staged["id"])) == plain.stdout
 
 
 def test_full_every_starts_new_chains_and_retention_keeps_what_they_need(ckptd: Ckptd) -> None:

@@ -64,6 +64,8 @@ def _copy_sparse(src: Path, dst: Path, progress: Progress | None) -> int:
                 data = os.lseek(fi.fileno(), pos, os.SEEK_DATA)
             except OSError:  # ENXIO: only a hole is left
                 break
+            if progress:  # a hole costs nothing, but counts as done
+                progress(data - pos)
             end = os.lseek(fi.fileno(), data, os.SEEK_HOLE)
             off = data
             while off < end:
@@ -75,26 +77,38 @@ def _copy_sparse(src: Path, dst: Path, progress: Progress | None) -> int:
                 if progress:
                     progress(n)
             pos = end
+        if progress and size > pos:
+            progress(size - pos)
         os.ftruncate(fo.fileno(), size)
         os.fsync(fo.fileno())
     return copied
 
 
-def worth_compressing(path: Path) -> bool:
-    """Samples spread over the file compress below AUTO_RATIO: "auto" keeps
-    incompressible memory (random weights, say) off the compressor."""
+def worth_compressing(path: Path, write_bw: float = 0.0) -> bool:
+    """ "auto": compress when samples spread over the file shrink below
+    AUTO_RATIO (incompressible memory, random weights say, stays off the
+    compressor) and the compressor, on half the cores, outruns write_bw, the
+    bytes per second the last plain upload reached (0: not known yet), so
+    compressing does not slow the upload down."""
     size = path.stat().st_size
     if size == 0:
         return False
     cctx = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
     raw = packed = 0
+    busy = 0.0
     with open(path, "rb", buffering=0) as f:
         for i in range(AUTO_SAMPLES):
             f.seek(size * i // AUTO_SAMPLES)
             chunk = f.read(AUTO_SAMPLE)
-            raw += len(chunk)
+            t0 = time.perf_counter()
             packed += len(cctx.compress(chunk))
-    return raw > 0 and packed < raw * AUTO_RATIO
+            busy += time.perf_counter() - t0
+            raw += len(chunk)
+    if raw == 0 or packed >= raw * AUTO_RATIO:
+        return False
+    # the compressor shares the cores with reading and writing: half of them
+    speed = raw / max(busy, 1e-9) * max(1, (os.cpu_count() or 1) // 2)
+    return not write_bw or speed >= write_bw
 
 
 def _compress(src: Path, dst: Path, progress: Progress | None) -> int:
@@ -134,10 +148,13 @@ def _sync_dirs(root: Path) -> None:
         fsync_path(dirpath)
 
 
-def upload_copy(src: Path, dst: Path, codec: str, progress: Progress | None = None) -> CopyReport:
+def upload_copy(
+    src: Path, dst: Path, codec: str, progress: Progress | None = None, write_bw: float = 0.0
+) -> CopyReport:
     """Copy checkpoint directory src into the new directory dst (the shared
     tier), compressing memory images by codec, and record how in
-    dst/upload.json.  Everything is fsynced; the caller renames dst."""
+    dst/upload.json.  Everything is fsynced; the caller renames dst.
+    write_bw: see worth_compressing."""
     if codec not in CODECS:
         raise ValueError(f"unknown codec {codec!r}")
     t0 = time.monotonic()
@@ -147,7 +164,7 @@ def upload_copy(src: Path, dst: Path, codec: str, progress: Progress | None = No
         d.parent.mkdir(parents=True, exist_ok=True)
         size = s.stat().st_size
         report.bytes += size
-        if is_memory_image(rel) and (codec == "zstd" or (codec == "auto" and worth_compressing(s))):
+        if is_memory_image(rel) and (codec == "zstd" or (codec == "auto" and worth_compressing(s, write_bw))):
             report.stored += _compress(s, d.with_name(d.name + ZSTD_SUFFIX), progress)
             report.compressed.append(rel)
         else:
@@ -161,6 +178,11 @@ def upload_copy(src: Path, dst: Path, codec: str, progress: Progress | None = No
         os.fsync(f.fileno())
     _sync_dirs(dst)
     return report
+
+
+def tree_bytes(root: Path) -> int:
+    """The apparent size of every file under root: a transfer's total."""
+    return sum((root / rel).stat().st_size for rel in _files(root))
 
 
 def read_upload_record(path: Path) -> dict:

@@ -3,8 +3,10 @@
  * checkpoint thread carves its tables.  It is recorded in the image as an
  * empty mapping (CK_VMA_NOCONTENT), so the bookkeeping of a dump never ends
  * up inside the dump, and only the pages actually touched cost memory.
- * Its top part is not reset between dumps: the previous image's page runs
- * (track.c) live there.
+ * Its top parts are not reset between dumps: the previous image's page runs
+ * (track.c), smaps read before parking (dump_mem.c), and the staging area
+ * where a small incremental image's pages wait between DUMP and FLUSH
+ * (writeout.c), kept resident so that copying into it costs no page faults.
  */
 #include "shim.h"
 #include "../common/sys.h"
@@ -12,9 +14,11 @@
 
 #include <errno.h>
 
-#define ARENA_SIZE (1088ull << 20)
+#define ARENA_SIZE (1344ull << 20)
 #define KEEP_SIZE (256ull << 20)   /* what lives from one dump to the next (track.c) */
-#define PREMAPS_SIZE (64ull << 20) /* the top: smaps read before parking (dump_mem.c) */
+#define PREMAPS_SIZE (64ull << 20) /* smaps read before parking (dump_mem.c) */
+#define STAGE_SIZE (256ull << 20)  /* the top: staged pages (writeout.c) */
+#define SCRATCH_END (ARENA_SIZE - KEEP_SIZE - PREMAPS_SIZE - STAGE_SIZE)
 
 static char *arena_base;
 static size_t arena_used;
@@ -65,7 +69,7 @@ int ck_arena_contains(uint64_t start, uint64_t end)
 void *ck_arena_alloc(size_t n)
 {
     n = (n + 4095) & ~(size_t)4095;
-    if (!arena_base || arena_used + n > ARENA_SIZE - KEEP_SIZE - PREMAPS_SIZE)
+    if (!arena_base || arena_used + n > SCRATCH_END)
         return 0;
     void *p = arena_base + arena_used;
     arena_used += n;
@@ -75,13 +79,19 @@ void *ck_arena_alloc(size_t n)
 void *ck_arena_keep(size_t *size)
 {
     *size = KEEP_SIZE;
-    return arena_base ? arena_base + ARENA_SIZE - PREMAPS_SIZE - KEEP_SIZE : 0;
+    return arena_base ? arena_base + SCRATCH_END : 0;
 }
 
 void *ck_arena_premaps(size_t *size)
 {
     *size = PREMAPS_SIZE;
-    return arena_base ? arena_base + ARENA_SIZE - PREMAPS_SIZE : 0;
+    return arena_base ? arena_base + SCRATCH_END + KEEP_SIZE : 0;
+}
+
+void *ck_arena_stage(size_t *size)
+{
+    *size = STAGE_SIZE;
+    return arena_base ? arena_base + ARENA_SIZE - STAGE_SIZE : 0;
 }
 
 int ck_table_init(struct ck_table *t, size_t elem, size_t cap)

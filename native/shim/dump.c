@@ -420,6 +420,7 @@ int ck_dump(const struct ck_dump_args *a, struct ck_dump_stats *st, char *err, s
     st->nthreads = (uint32_t)im.threads.count;
     st->nfds = (uint32_t)im.fds.count;
     st->nfiles = (uint32_t)im.files.count;
+    st->capture = (uint32_t)ck_writeout_mode();
     st->duration_ns = ck_now_ns(CLOCK_MONOTONIC) - t0;
     return CK_DUMP_OK;
 }

@@ -13,8 +13,9 @@
  *                   (retry=1: a passing state, e.g. descriptors in flight; worth another round)
  *   agent -> shim   RESUME / ABORT        -> RESUMED  (ABORT also stops the writer)
  *   agent -> shim   FLUSH                 -> FLUSHED written=0|1 | ERROR msg=
- *                   (waits until the forked writer has finished pages.img)
- *   agent -> shim   DISCARD               -> DISCARDED  (kills the writer)
+ *                   (waits until the forked writer has finished pages.img, or
+ *                   writes the pages the dump staged; writeout.c)
+ *   agent -> shim   DISCARD               -> DISCARDED  (kills the writer, drops staged pages)
  *   agent -> shim   REBASE core= image=   -> REBASED | ERROR msg=
  *                   (the agent rewrote the last image, core.img at core=:
  *                   the next one refers to its pages where they are now)
@@ -302,6 +303,7 @@ static void handle_dump(char *line)
     kv_u64(&b, "fds", st.nfds);
     kv_u64(&b, "files", st.nfiles);
     kv_u64(&b, "dump_ns", (uint64_t)st.duration_ns);
+    kv_u64(&b, "capture", st.capture);
     send_line(&b);
 }
 

@@ -59,6 +59,8 @@ void *ck_arena_alloc(size_t n) CK_HIDDEN;
 void *ck_arena_keep(size_t *size) CK_HIDDEN;
 /* where smaps read before parking goes */
 void *ck_arena_premaps(size_t *size) CK_HIDDEN;
+/* where a small incremental image's pages wait for FLUSH (writeout.c) */
+void *ck_arena_stage(size_t *size) CK_HIDDEN;
 
 /* ---- quiesce.c ---- */
 int ck_quiesce_install(int sig) CK_HIDDEN;
@@ -86,6 +88,7 @@ struct ck_dump_stats {
     uint32_t nthreads;
     uint32_t nfds;
     uint32_t nfiles;
+    uint32_t capture;          /* how its pages were written: CK_CAPTURE_* (writeout.c) */
     int64_t duration_ns;
 };
 /* base: the checkpoint the agent expects this one to build on ("" for a
@@ -130,6 +133,8 @@ uint64_t ck_page_hash(const void *page) CK_HIDDEN;
 int ck_track_prev_hash(uint64_t vaddr, uint64_t *hash) CK_HIDDEN;
 int ck_track_begin(struct ck_image *im, const char *base, const char *self) CK_HIDDEN;
 int ck_track_incremental(void) CK_HIDDEN;
+/* 1: the last image's pages are tracked, so the next one can be incremental */
+int ck_track_armed(void) CK_HIDDEN;
 int ck_track_registered(uint64_t start, uint64_t end, uint32_t vmflags) CK_HIDDEN;
 const struct ck_page_run *ck_track_lookup(uint64_t vaddr, uint64_t *next) CK_HIDDEN;
 uint32_t ck_track_source(struct ck_image *im, uint32_t prev_src) CK_HIDDEN;
@@ -148,8 +153,10 @@ int ck_pwritev_all(int fd, struct ck_iov *iov, int n, uint64_t off) CK_HIDDEN;
 int ck_copy_unreadable(int fd, int mem_fd, char *buf, uint64_t vaddr, uint64_t len, uint64_t off) CK_HIDDEN;
 /* 1 if a forked copy of the process sees this mapping's pages as they are now */
 int ck_vma_written_later(const struct ck_vma *v) CK_HIDDEN;
-/* fork the writer of the mappings left for later (or write them now) */
+/* fork the writer of the mappings left for later (or stage them, or write them now) */
 int ck_writeout_start(struct ck_image *im, const char *dir) CK_HIDDEN;
+enum { CK_CAPTURE_PAUSE = 0, CK_CAPTURE_WRITER = 1, CK_CAPTURE_STAGED = 2 };
+int ck_writeout_mode(void) CK_HIDDEN;  /* how the last ck_writeout_start did it */
 /* wait for the writer: 0 written, 1 none running, -1 failed (err filled) */
 int ck_writeout_flush(char *err, size_t errcap) CK_HIDDEN;
 void ck_writeout_discard(void) CK_HIDDEN;

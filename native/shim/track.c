@@ -206,6 +206,8 @@ int ck_track_begin(struct ck_image *im, const char *base, const char *self)
 
 int ck_track_incremental(void) { return cur.usable; }
 
+int ck_track_armed(void) { return tr.valid; }
+
 /* this dump compares page hashes with the previous image's */
 int ck_track_hashing(void) { return cur.usable && tr.hashed; }
 

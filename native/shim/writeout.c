@@ -20,9 +20,15 @@
  * the process exits, so that an exit right after a checkpoint still leaves
  * a finished image.
  *
+ * An incremental image small next to the memory a fork would have to copy
+ * the page tables of is staged instead: its pages are copied, during the
+ * pause, into the arena's staging area (memory copy speed, no page faults:
+ * the area stays resident from one checkpoint to the next), and FLUSH
+ * writes them out from there while the job runs.  One bigger than the area
+ * is written during the pause.
+ *
  * CKPTD_CAPTURE=sync, or a fork the kernel refuses (memory), writes the same
- * pages during the pause instead; so does an incremental image small next
- * to the memory a fork would have to copy the page tables of.
+ * pages during the pause.
  */
 #include "shim.h"
 #include "../common/sys.h"
@@ -35,7 +41,25 @@
 
 #define BOUNCE_SIZE (1u << 20)
 
+#define STAGE_INDEX (2u << 20)  /* the staging area's head: where each staged piece goes */
+
 static volatile int writer_pid;      /* 0: none */
+
+/* pages staged for FLUSH: `len` bytes at `off` in pages.img, one after the
+ * other in the staging area after its index */
+struct staged_piece {
+    uint64_t off;
+    uint64_t len;
+};
+static struct {
+    int pages_fd;  /* pages.img.part; -1: nothing staged */
+    int dirfd;
+    uint64_t npieces;
+} staged = {-1, -1, 0};
+static int staged_claimed;  /* FLUSH and the exit destructor: one of them writes */
+static int capture_mode;     /* CK_CAPTURE_* of the last image */
+
+int ck_writeout_mode(void) { return capture_mode; }
 static char writer_dir[4096];        /* its image directory, for FLUSH's messages */
 static char *bounce;
 
@@ -147,6 +171,8 @@ __attribute__((noreturn)) static void writer_main(struct ck_image *im)
  * pages (the kernel copies each page table entry; huge pages are nearly
  * free), writing about 1 ms per MiB.  An incremental image of a big
  * process that changed little is written faster than it is forked. */
+static uint64_t stage_wanted;  /* the staging area a next incremental image may need */
+
 static int cheaper_to_write_now(struct ck_image *im)
 {
     uint64_t mapped = 0, to_write = 0;
@@ -161,12 +187,123 @@ static int cheaper_to_write_now(struct ck_image *im)
                 to_write += r->npages * CK_PAGE_SIZE;
         }
     }
+    stage_wanted = mapped / 50;
     return to_write * 50 < mapped;
+}
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
+/* Fault in the part of the staging area the next incremental image may
+ * use, now that the job runs, so that staging costs the pause no page
+ * faults (best effort: without it the first staging faults them in). */
+static void prefault_stage(void)
+{
+    size_t cap;
+    char *area = ck_arena_stage(&cap);
+    uint64_t want = STAGE_INDEX + stage_wanted;
+    if (area && ck_track_armed())
+        ck_madvise(area, want < cap ? want : cap, MADV_POPULATE_WRITE);
+}
+
+/* Copy the runs write_later_runs would write into the staging area; 0, or
+ * -1 when they do not fit or one is unreadable (nothing is kept). */
+static int stage_runs(struct ck_image *im)
+{
+    size_t cap;
+    char *area = ck_arena_stage(&cap);
+    if (!area)
+        return -1;
+    struct staged_piece *index = (struct staged_piece *)area;
+    uint64_t max_pieces = STAGE_INDEX / sizeof(*index), room = cap - STAGE_INDEX, n = 0;
+    for (int pass = 0; pass < 2; pass++) {  /* first check that it all fits, then copy */
+        uint64_t used = 0;
+        n = 0;
+        for (size_t vi = 0; vi < im->vmas.count; vi++) {
+            const struct ck_vma *v = ck_table_at(&im->vmas, vi);
+            if (!ck_vma_written_later(v))
+                continue;
+            for (uint64_t ri = v->first_run; ri < v->first_run + v->nruns; ri++) {
+                const struct ck_page_run *r = ck_table_at(&im->runs, ri);
+                uint64_t size = r->npages * CK_PAGE_SIZE;
+                if (r->src)
+                    continue;
+                if (!(v->prot & PROT_READ))
+                    return -1;  /* PROT_NONE: /proc/self/mem, during the pause */
+                if (n && index[n - 1].off + index[n - 1].len == r->offset) {
+                    if (pass)
+                        index[n - 1].len += size;
+                } else {
+                    if (n == max_pieces)
+                        return -1;
+                    if (pass)
+                        index[n] = (struct staged_piece){r->offset, size};
+                    n++;
+                }
+                if (pass)
+                    __builtin_memcpy(area + STAGE_INDEX + used, (const void *)r->vaddr, size);
+                used += size;
+            }
+        }
+        if (!pass && used > room)
+            return -1;
+    }
+    staged.npieces = n;
+    return 0;
+}
+
+/* write what stage_runs copied aside, then name pages.img; 0 or -errno */
+static int write_staged(void)
+{
+    size_t cap;
+    char *area = ck_arena_stage(&cap);
+    const struct staged_piece *index = (const struct staged_piece *)area;
+    const char *data = area + STAGE_INDEX;
+    static struct ck_iov iov[CK_IOV_BATCH];
+    int rc = 0, n = 0;
+    uint64_t first = 0;
+    for (uint64_t i = 0; i < staged.npieces && rc == 0; i++) {
+        iov[n].base = data;
+        iov[n].len = index[i].len;
+        if (!n)
+            first = index[i].off;
+        n++;
+        data += index[i].len;
+        int last = i + 1 == staged.npieces;
+        /* pieces are in file order with gaps (pages written at once): one pwritev per contiguous stretch */
+        if (last || n == CK_IOV_BATCH || index[i].off + index[i].len != index[i + 1].off) {
+            rc = ck_pwritev_all(staged.pages_fd, iov, n, first);
+            n = 0;
+        }
+    }
+    if (rc == 0)
+        rc = (int)ck_renameat(staged.dirfd, "pages.img.part", "pages.img");
+    return rc;
+}
+
+/* 1: the caller writes the staged pages; 0: nothing staged, or another
+ * thread is writing them */
+static int claim_staged(void)
+{
+    return staged.pages_fd >= 0 && __atomic_exchange_n(&staged_claimed, 1, __ATOMIC_ACQ_REL) == 0;
+}
+
+static void drop_staged(void)
+{
+    if (staged.pages_fd >= 0)
+        ck_close(staged.pages_fd);
+    if (staged.dirfd >= 0)
+        ck_close(staged.dirfd);
+    staged.pages_fd = staged.dirfd = -1;
+    staged.npieces = 0;
+    __atomic_store_n(&staged_claimed, 0, __ATOMIC_RELEASE);
 }
 
 int ck_writeout_start(struct ck_image *im, const char *dir)
 {
     bounce = ck_arena_alloc(BOUNCE_SIZE);  /* the arena starts over after every dump */
+    capture_mode = CK_CAPTURE_PAUSE;
     if (!bounce)
         return ck_image_fail(im, "cannot allocate checkpoint scratch memory", 0, 0);
     if (ck_shim.capture_sync == 0 && !cheaper_to_write_now(im)) {
@@ -182,9 +319,20 @@ int ck_writeout_start(struct ck_image *im, const char *dir)
         if (pid > 0) {
             ck_strlcpy(writer_dir, dir, sizeof(writer_dir));
             writer_pid = (int)pid;
+            capture_mode = CK_CAPTURE_WRITER;
             return 0;
         }
         /* no fork (memory, a process limit): write them now instead */
+    } else if (ck_shim.capture_sync == 0 && stage_runs(im) == 0) {
+        /* FLUSH writes them; the pages file and its directory stay open until then */
+        staged.pages_fd = (int)ck_fcntl(im->pages_fd, F_DUPFD_CLOEXEC, 0);
+        staged.dirfd = (int)ck_fcntl(im->dirfd, F_DUPFD_CLOEXEC, 0);
+        if (staged.pages_fd >= 0 && staged.dirfd >= 0) {
+            ck_strlcpy(writer_dir, dir, sizeof(writer_dir));
+            capture_mode = CK_CAPTURE_STAGED;
+            return 0;
+        }
+        drop_staged();  /* no descriptors left: write them now */
     }
     int rc = write_later_runs(im, im->pages_fd);
     if (rc < 0)
@@ -204,14 +352,46 @@ static int reap(int pid, int *status)
     }
 }
 
+/* written by another thread (the exit destructor): 0 if pages.img is there */
+static int staged_image_done(char *err, size_t errcap)
+{
+    int dfd = (int)ck_open(writer_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
+    int ok = dfd >= 0 && ck_faccessat(dfd, "pages.img") == 0;
+    if (dfd >= 0)
+        ck_close(dfd);
+    if (ok)
+        return 0;
+    struct ck_buf b;
+    ck_buf_init(&b, err, errcap);
+    ck_buf_error(&b, "pages.img was not finished", writer_dir, 0);
+    return -1;
+}
+
 int ck_writeout_flush(char *err, size_t errcap)
 {
+    if (claim_staged()) {
+        int rc = write_staged();
+        drop_staged();
+        prefault_stage();
+        if (rc == 0)
+            return 0;
+        struct ck_buf b;
+        ck_buf_init(&b, err, errcap);
+        ck_buf_error(&b, "cannot write the staged pages to pages.img", writer_dir, rc);
+        return -1;
+    }
+    if (staged.pages_fd >= 0) {  /* the process is exiting: its destructor writes them */
+        for (int i = 0; i < 6000 && __atomic_load_n(&staged.pages_fd, __ATOMIC_ACQUIRE) >= 0; i++)
+            ck_nanosleep_ms(10);
+        return staged_image_done(err, errcap);
+    }
     int pid = writer_pid;
     if (pid <= 0)
         return 1;  /* nothing being written */
     int status = 0;
     long r = reap(pid, &status);
     writer_pid = 0;
+    prefault_stage();
     struct ck_buf b;
     ck_buf_init(&b, err, errcap);
     if (r == pid) {
@@ -224,18 +404,12 @@ int ck_writeout_flush(char *err, size_t errcap)
         return -1;
     }
     /* reaped by the destructor meanwhile: the rename tells */
-    int dfd = (int)ck_open(writer_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
-    int ok = dfd >= 0 && ck_faccessat(dfd, "pages.img") == 0;
-    if (dfd >= 0)
-        ck_close(dfd);
-    if (ok)
-        return 0;
-    ck_buf_error(&b, "pages.img was not finished", writer_dir, 0);
-    return -1;
+    return staged_image_done(err, errcap);
 }
 
 void ck_writeout_discard(void)
 {
+    drop_staged();
     int pid = writer_pid;
     if (pid <= 0)
         return;
@@ -245,9 +419,15 @@ void ck_writeout_discard(void)
     writer_pid = 0;
 }
 
-/* a normal exit right after a checkpoint waits until the image is written */
+/* a normal exit right after a checkpoint waits until the image is written
+ * (an _exit does not: a staged image is then never finished, and FLUSH's
+ * caller, finding pages.img missing, fails the round) */
 __attribute__((destructor)) static void wait_for_writer(void)
 {
+    if (claim_staged()) {
+        write_staged();
+        drop_staged();
+    }
     int pid = writer_pid, status;
     if (pid > 0)
         reap(pid, &status);
