@@ -27,8 +27,10 @@ from ckptd.v1 import ckptd_pb2 as pb
 log = logging.getLogger(__name__)
 
 TMP_PREFIX = "." + CHECKPOINT_PREFIX
-DELETING = ".del-"
-Names = list[str]  # (inside Catalog, "list" is its method)  # .ckpt-N.del-XXXX: a pruned checkpoint on its way out
+DELETING = ".del-"  # .ckpt-N.del-XXXX: a pruned checkpoint on its way out
+# (inside Catalog, "list" is its method)
+Names = list[str]
+Infos = list[pb.CheckpointInfo]
 
 
 class TieredJob(Protocol):
@@ -97,7 +99,7 @@ class Catalog:
         # whether an upload of (job, checkpoint) is queued or running (tiering.Uploader)
         self.uploading: Callable[[str, str], bool] = lambda job, name: False
 
-    def list(self, job: str, job_dir: JobDir, shared: JobDir | None = None) -> list[pb.CheckpointInfo]:
+    def list(self, job: str, job_dir: JobDir, shared: JobDir | None = None) -> Infos:
         """The job's checkpoints, oldest first.  With a shared tier, the
         stage's and the shared tier's together, each with its tier."""
         local = self._list_dir(job, job_dir)
@@ -121,10 +123,10 @@ class Catalog:
             out.append(s)
         return sorted(out, key=lambda c: c.id)
 
-    def list_job(self, record: TieredJob) -> list[pb.CheckpointInfo]:
+    def list_job(self, record: TieredJob) -> Infos:
         return self.list(record.name, record.job_dir, record.shared_dir)
 
-    def _list_dir(self, job: str, job_dir: JobDir) -> list[pb.CheckpointInfo]:
+    def _list_dir(self, job: str, job_dir: JobDir) -> Infos:
         out = []
         try:
             entries = list(os.scandir(job_dir.path))

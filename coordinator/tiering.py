@@ -26,7 +26,10 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
+import zstandard
+
 from ckptd.errors import CkptdError, Code
+from ckptd.image.manifest import load_manifest, verify_files
 from ckptd.image.transfer import fetch_copy, tree_bytes, upload_copy
 from ckptd.paths import JobDir, parse_checkpoint_name
 from ckptd.v1 import ckptd_pb2 as pb
@@ -259,7 +262,17 @@ def _fetch_one(record: JobRecord, catalog: Catalog, shared: JobDir, name: str, a
     tmp = catalog.create_tmp(record.job_dir, ckpt_id)
     try:
         report = fetch_copy(src, tmp, advance)
+        # proven whole before it counts as a stage checkpoint (the restore checks it again)
+        verify_files(tmp, load_manifest(tmp))
         catalog.commit(tmp, record.job_dir, ckpt_id)
+    except CkptdError as e:
+        catalog.discard(tmp)
+        raise CkptdError(e.code, f"the shared copy of {name}: {e.message}") from None
+    except zstandard.ZstdError as e:
+        catalog.discard(tmp)
+        raise CkptdError(
+            Code.DATA_LOSS, f"the shared copy of {name} is corrupt ({e}); restart from another with --from ID"
+        ) from None
     except OSError as e:
         catalog.discard(tmp)
         raise storage_error(e, record.job_dir.path) from e

@@ -43,6 +43,15 @@ CKPTD = _tool("ckptd")
 CKPTCTL = _tool("ckptctl")
 
 
+def flip_byte(path: Path) -> None:
+    """Damage a file the way a bad disk would: one byte in its middle."""
+    with open(path, "r+b") as f:
+        f.seek(os.path.getsize(path) // 2)
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([b[0] ^ 0xFF]))
+
+
 class Ckptd:
     """One isolated ckptd installation (its own CKPTD_HOME and daemon)."""
 

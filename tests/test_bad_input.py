@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, WORKLOADS, Ckptd, run_plain
+from conftest import PYTHON, WORKLOADS, Ckptd, flip_byte, run_plain
 
 # exit statuses (README, ckptd/errors.py)
 NOT_FOUND, PRECONDITION, CORRUPT, STORAGE = 3, 4, 5, 6
@@ -28,15 +28,6 @@ def one_line_error(proc: subprocess.CompletedProcess[str], *words: str) -> str:
     for w in words:
         assert w in err, f"{w!r} not in {err!r}"
     return err
-
-
-def flip_byte(path: Path) -> None:
-    """Damage a file the way a bad disk would: one byte in its middle."""
-    with open(path, "r+b") as f:
-        f.seek(os.path.getsize(path) // 2)
-        b = f.read(1)
-        f.seek(-1, 1)
-        f.write(bytes([b[0] ^ 0xFF]))
 
 
 def launch_script(c: Ckptd, tmp_path: Path, job: str, text: str) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from conftest import PYTHON, Ckptd, run_plain
+from conftest import PYTHON, Ckptd, flip_byte, run_plain
 
 from ckptd.image.transfer import worth_compressing
 
@@ -54,6 +54,31 @@ def test_checkpoints_go_up_compressed_and_a_lost_stage_is_fetched_back(
     assert tiers(ckptd, "tier") == {"ckpt-000003": "local+shared", "ckpt-000004": "local+shared"}
     assert (stage / "tier" / "ckpt-000004" / "proc-2" / "pages.img").is_file()
     ckptd.ctl("inspect", "--verify", str(stage / "tier" / "ckpt-000004"))
+    ckptd.ctl("inspect", "--verify", str(shared / "tier" / "ckpt-000004"))  # decompressed on the fly
+
+
+def test_a_corrupt_shared_copy_is_refused_and_nothing_is_fetched(ckptd: Ckptd, counter: Path, tmp_path: Path) -> None:
+    plain = run_plain([PYTHON, str(counter), "100"])
+    stage, shared = tmp_path / "stage", tmp_path / "shared"
+    ckptd.launch("bad", [PYTHON, str(counter), "100"], "--stage-dir", str(stage), "--ckpt-dir", str(shared),
+                 "--compress", "zstd", "--full-every", "1")  # fmt: skip
+    for tick in (5, 10):
+        ckptd.wait_log("bad", rf"^tick {tick}$")
+        ckptd.ctl("checkpoint", "bad", "--wait-shared")
+    ckptd.kill9("bad")
+    shutil.rmtree(stage)
+    flip_byte(shared / "bad" / "ckpt-000002" / "proc-2" / "pages.img.zst")
+
+    p = ckptd.ctl("inspect", "--verify", str(shared / "bad" / "ckpt-000002"), check=False)
+    assert p.returncode == 5 and "shared copy ckpt-000002" in p.stderr, p.stderr
+    p = ckptd.ctl("restart", "bad", check=False)
+    assert p.returncode == 5 and "the shared copy of ckpt-000002" in p.stderr, p.stderr
+    assert p.stderr.count("\n") == 1, p.stderr
+    assert not (stage / "bad" / "ckpt-000002").exists()  # nothing half-fetched counts as a checkpoint
+    assert ckptd.status("bad")["pids"] == []
+    ckptd.ctl("restart", "bad", "--from", "1")
+    assert ckptd.wait("bad") == 0
+    assert ckptd.log("bad") == plain.stdout
 
 
 def test_a_failed_upload_keeps_the_stage_copy_and_is_retried(ckptd: Ckptd, counter: Path, tmp_path: Path) -> None:

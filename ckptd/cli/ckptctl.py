@@ -338,10 +338,13 @@ def cmd_nodes(args: argparse.Namespace) -> int:
 def cmd_inspect(args: argparse.Namespace) -> int:
     from ckptd.image.core import CoreImage
     from ckptd.image.manifest import load_manifest, verify_files
+    from ckptd.image.transfer import read_upload_record, verify_shared_copy
 
     path = Path(args.checkpoint)
     manifest = load_manifest(path)
-    if args.verify:
+    if args.verify and read_upload_record(path):  # a shared-tier copy: memory images may be compressed
+        verify_shared_copy(path, manifest)
+    elif args.verify:
         verify_files(path, manifest)
     procs: list[dict[str, Any]] = []
     # a multi-node checkpoint: each rank's part is a checkpoint of its own

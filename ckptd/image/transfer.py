@@ -18,7 +18,10 @@ from pathlib import Path
 
 import zstandard
 
-from .checksum import fsync_path
+from ckptd.errors import CkptdError, Code
+
+from .checksum import ALGORITHM, fsync_path
+from .manifest import verify_files
 
 CHUNK = 8 << 20
 ZSTD_SUFFIX = ".zst"
@@ -113,7 +116,7 @@ def worth_compressing(path: Path, write_bw: float = 0.0) -> bool:
 
 def _compress(src: Path, dst: Path, progress: Progress | None) -> int:
     """zstd with one worker per core.  Returns the bytes written."""
-    cctx = zstandard.ZstdCompressor(level=ZSTD_LEVEL, threads=-1)
+    cctx = zstandard.ZstdCompressor(level=ZSTD_LEVEL, threads=-1, write_checksum=True)
     with open(src, "rb", buffering=0) as fi, open(dst, "wb") as fo:
         with cctx.stream_writer(fo, closefd=False) as w:
             buf = bytearray(CHUNK)
@@ -213,3 +216,34 @@ def fetch_copy(src: Path, dst: Path, progress: Progress | None = None) -> CopyRe
         report.stored += s.stat().st_size
     _sync_dirs(dst)
     return report
+
+
+def verify_shared_copy(directory: Path, manifest: dict) -> None:
+    """`ckptctl inspect --verify` of a shared-tier copy: every file the
+    manifest lists, its compressed memory images decompressed on the fly,
+    of its size and checksum."""
+    import xxhash
+
+    compressed = set(read_upload_record(directory).get("compressed", []))
+    plain = dict(manifest, files=[e for e in manifest.get("files", []) if e["path"] not in compressed])
+    verify_files(directory, plain)
+    hint = "its stage copy, or an earlier checkpoint (--from ID), may still be whole"
+    for entry in manifest.get("files", []):
+        if entry["path"] not in compressed:
+            continue
+        h, size = xxhash.xxh3_128(), 0
+        try:
+            with open(directory / (entry["path"] + ZSTD_SUFFIX), "rb") as f:
+                reader = zstandard.ZstdDecompressor().stream_reader(f)
+                while chunk := reader.read(CHUNK):
+                    h.update(chunk)
+                    size += len(chunk)
+        except (OSError, zstandard.ZstdError) as e:
+            raise CkptdError(
+                Code.DATA_LOSS,
+                f"shared copy {directory.name}: {entry['path']}{ZSTD_SUFFIX} is unreadable ({e}); {hint}",
+            ) from None
+        if size != entry["size"] or h.hexdigest() != entry[ALGORITHM]:
+            raise CkptdError(
+                Code.DATA_LOSS, f"shared copy {directory.name}: {entry['path']} fails its checksum; {hint}"
+            )
