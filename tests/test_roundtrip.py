@@ -32,7 +32,7 @@ def test_numpy_training(ckptd: Ckptd, outdir: Path, tmp_path: Path) -> None:
 
 
 def test_python_threads_and_blas(ckptd: Ckptd) -> None:
-    argv = [PYTHON, str(WORKLOADS / "threads_blas.py"), "70"]
+    argv = [PYTHON, str(WORKLOADS / "threads_blas.py"), "90"]
     plain = run_plain(argv)
     ckptd.launch("thr", argv)
     kill_restart_twice(ckptd, "thr", lambda n: rf"^round {n} ", (8, 18, 28, 38, 50))
