@@ -109,9 +109,14 @@ def worth_compressing(path: Path, write_bw: float = 0.0) -> bool:
             raw += len(chunk)
     if raw == 0 or packed >= raw * AUTO_RATIO:
         return False
-    # the compressor shares the cores with reading and writing: half of them
+    if not write_bw:
+        return True
+    # An upload reads, compresses and writes one chunk after the other, so
+    # compressing pays off when the time it takes is less than the write
+    # time it saves: size/speed < (1 - ratio) * size/write_bw.  The
+    # compressor shares the cores with reading and writing: half of them.
     speed = raw / max(busy, 1e-9) * max(1, (os.cpu_count() or 1) // 2)
-    return not write_bw or speed >= write_bw
+    return speed * (1 - packed / raw) > write_bw
 
 
 def _compress(src: Path, dst: Path, progress: Progress | None) -> int:
