@@ -135,3 +135,6 @@ def test_auto_compression_skips_what_does_not_shrink(tmp_path: Path) -> None:
     zeros.write_bytes(bytes(32 << 20))
     assert not worth_compressing(noise)
     assert worth_compressing(zeros)
+    # and only where compressing costs less time than the smaller write saves
+    assert worth_compressing(zeros, write_bw=1e6)  # a 1 MB/s shared tier
+    assert not worth_compressing(zeros, write_bw=1e15)
