@@ -219,7 +219,8 @@ def parser() -> argparse.ArgumentParser:
     launch.add_argument(
         "--compress", choices=("off", "zstd", "auto"), default="off",
         help="with --stage-dir: store memory images zstd-compressed on the shared tier (multithreaded); "
-        "auto: only those whose samples shrink by a fifth or more (default off)",
+        "auto: only those whose samples shrink by a fifth or more, and only where compressing costs less "
+        "time than the smaller write saves (measured by a first, plain upload) (default off)",
     )  # fmt: skip
     launch.add_argument("--interval", type=float, metavar="SECONDS", help="take a checkpoint this often")
     launch.add_argument("--keep", type=int, metavar="N", help="retention: keep the last N checkpoints (default: all)")
