@@ -161,14 +161,20 @@ def fresh_baseline(base: Path) -> float:
     return fresh
 
 
-def kill_and_restart(c: Ckptd, job: str, info: dict, alive: Callable[[], object]) -> dict[str, float]:
-    """SIGKILL the job, evict its checkpoint from the page cache, time the
-    restart, check it runs (alive), and remove it; the checkpoint's and the
-    restart's figures."""
+def kill9(c: Ckptd, job: str) -> None:
+    """SIGKILL every process of the job, as a node failure would, and wait
+    until ckptd has seen it die."""
     for pid in c.json("ckptctl", "status", job)["pids"]:
         os.kill(pid, signal.SIGKILL)
     while c.json("ckptctl", "status", job)["state"] in ("running", "checkpointing"):
         time.sleep(0.05)
+
+
+def kill_and_restart(c: Ckptd, job: str, info: dict, alive: Callable[[], object]) -> dict[str, float]:
+    """SIGKILL the job, evict its checkpoint from the page cache, time the
+    restart, check it runs (alive), and remove it; the checkpoint's and the
+    restart's figures."""
+    kill9(c, job)
     evict(Path(info["path"]))
     restart_s = float(c.json("ckptctl", "restart", job)["duration_s"])
     time.sleep(0.5)
@@ -279,10 +285,7 @@ def bench_incremental(base: Path, mib: int, pct: float, rounds: int, track: str)
         paused.append(gap(c, job, log))
     listed = {i["name"]: i for i in c.json_list("ckptctl", "list", job)}
     last = listed[incs[-1]["name"]]
-    for pid in c.json("ckptctl", "status", job)["pids"]:
-        os.kill(pid, signal.SIGKILL)
-    while c.json("ckptctl", "status", job)["state"] in ("running", "checkpointing"):
-        time.sleep(0.05)
+    kill9(c, job)
     evict(ckpt_dir / job)
     restart_s = float(c.json("ckptctl", "restart", job)["duration_s"])
     time.sleep(0.5)
@@ -331,10 +334,7 @@ def bench_tiering(base: Path, mib: int, codec: str, fill: str) -> dict[str, Any]
     if codec == "auto":  # its first upload measures the shared tier uncompressed: time the second
         info = c.json("ckptctl", "checkpoint", job, "--wait-shared")
         paused = max(paused, gap(c, job, log))
-    for pid in c.json("ckptctl", "status", job)["pids"]:
-        os.kill(pid, signal.SIGKILL)
-    while c.json("ckptctl", "status", job)["state"] in ("running", "checkpointing"):
-        time.sleep(0.05)
+    kill9(c, job)
     shutil.rmtree(stage / job / info["name"])  # the stage is lost with its node
     evict(shared / job)
     restart_s = float(c.json("ckptctl", "restart", job)["duration_s"])
