@@ -80,7 +80,13 @@ class AgentNode:
         try:
             reply = call(
                 self._coordinator.RegisterNode,
-                pb.RegisterNodeRequest(node=self.node, address=self.address, uid=os.getuid(), ip=self.ip),
+                pb.RegisterNodeRequest(
+                    node=self.node,
+                    address=self.address,
+                    uid=os.getuid(),
+                    ip=self.ip,
+                    health=node_health(self.node),
+                ),
                 5,
                 "coordinator",
             )

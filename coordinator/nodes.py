@@ -35,7 +35,7 @@ class NodeRegistry:
         self.lock = threading.Lock()
         self.nodes: dict[str, Node] = {}
 
-    def register(self, name: str, address: str, ip: str = "") -> None:
+    def register(self, name: str, address: str, ip: str = "", health: pb.NodeHealth | None = None) -> None:
         with self.lock:
             node = self.nodes.get(name)
             if node is None or node.address != address:
@@ -43,6 +43,8 @@ class NodeRegistry:
                 self.nodes[name] = node
             node.ip = ip
             node.last_seen = time.monotonic()
+            if health is not None and health.node:
+                node.health = health
 
     def ips(self) -> dict[str, str]:
         with self.lock:

@@ -204,7 +204,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
 
     @rpc_method
     def RegisterNode(self, request: pb.RegisterNodeRequest, context: grpc.ServicerContext) -> pb.RegisterNodeResponse:
-        self.c.nodes.register(request.node, request.address, request.ip)
+        self.c.nodes.register(request.node, request.address, request.ip, request.health)
         log.info("node %s registered at %s (ip %s)", request.node, request.address, request.ip or "-")
         return pb.RegisterNodeResponse(heartbeat_s=HEARTBEAT_S, instance=self.c.instance)
 
