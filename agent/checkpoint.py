@@ -256,6 +256,8 @@ class Checkpointer:
                 raise CkptdError(Code.FAILED_PRECONDITION, f"job {job.name} is {job.state}, not running")
             if job.name in self._parked:
                 raise CkptdError(Code.ABORTED, f"a checkpoint of job {job.name} is already in progress")
+        if job.lazy is not None:  # after restart --lazy: the memory must be whole first (agent/lazy.py)
+            job.lazy.wait(job.name, timeout_s)
         if check_space:  # an incremental one needs far less than the resident size; a full disk still fails cleanly
             self._check_space(job, directory)
         with job.cond:

@@ -299,7 +299,9 @@ class AgentNode:
             ) from e
         return path
 
-    def restore(self, spec: pb.JobSpec, checkpoint: Path, allow_changed: bool, hold: bool = False) -> JobRuntime:
+    def restore(
+        self, spec: pb.JobSpec, checkpoint: Path, allow_changed: bool, hold: bool = False, lazy: bool = False
+    ) -> JobRuntime:
         with self.lock:
             job = self.jobs.get(spec.name)
         if job is not None and job.alive():
@@ -315,7 +317,7 @@ class AgentNode:
             # a rank's link stays down until every rank is rebuilt: no segment
             # may reach a peer whose connection does not exist yet (a reset)
             job.netns = self._rank_network(spec, carrier=not hold)
-            held = restore_job(self.home, job, verified, self.transfers, hold=hold)
+            held = restore_job(self.home, job, verified, self.transfers, hold=hold, lazy=lazy)
             if held is not None:
                 self.held[spec.name] = held
         except CkptdError as e:

@@ -19,6 +19,10 @@ and finally:
   7. once every process's restored shim has reconnected (HELLO restored=1),
      all of them are told to RESUME together.
 
+With --lazy (agent/lazy.py) step 7 comes before the memory is back, and so
+before the memory images' checksums are known: they are checked while the
+job runs, and a mismatch kills it and undoes steps 3-4 then.
+
 The memory images (pages.img, and those of earlier checkpoints an
 incremental one reads from) are the exception to "verified first": step 1
 proves their sizes, and their checksums are computed while step 6 reads
@@ -33,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +53,7 @@ from ckptd.native import restorer_binary
 from ckptd.paths import Home
 
 from . import gpu
+from .lazy import LazyFill
 from .progress import Transfer, Transfers, resident_anon
 from .rollback import WorldRollback
 from .runtime import RUNNING_STATES, JobRuntime
@@ -184,11 +190,18 @@ def verify_checkpoint(
 
 
 def restore_job(
-    home: Home, job: JobRuntime, verified: VerifiedCheckpoint, transfers: Transfers, hold: bool = False
+    home: Home,
+    job: JobRuntime,
+    verified: VerifiedCheckpoint,
+    transfers: Transfers,
+    *,
+    hold: bool = False,
+    lazy: bool = False,
 ) -> list[ShimConnection] | None:
     """Steps 3-7, on a verified checkpoint.  With hold (a rank of a
     multi-node job) the rebuilt processes stay parked and are returned: they
-    run once every rank is rebuilt."""
+    run once every rank is rebuilt.  With lazy the job runs before its
+    memory is filled (agent/lazy.py)."""
     checkpoint, manifest = verified.path, verified.manifest
     # a rank's part of a multi-node checkpoint is ckpt-N/rank-R: named as ckpt-N
     name = checkpoint.parent.name if job.spec.rank.job else checkpoint.name
@@ -217,6 +230,7 @@ def restore_job(
                 str(home.shim_socket(job.node)),
                 "--checkpoint",
                 name,
+                *(["--lazy"] if lazy else []),
             ],
             restore=True,
             restored_from=name,
@@ -242,16 +256,28 @@ def restore_job(
         )
         with transfers.running(job.name, rebuilding):
             # the restorers read the images while this thread checks them
-            check_pending(verified.pending, checked.add)
+            # (lazily: while the job runs, below)
+            if not lazy:
+                check_pending(verified.pending, checked.add)
             conns = _wait_restored(job, inc.generation, {int(p["pid"]) for p in procs}, deadline)
         if conns is None:
             reason = (
                 _restore_failure(Path(inc.runtime_dir)) or job.message or "the restorer did not report back in time"
             )
             raise CkptdError(Code.FAILED_PRECONDITION, f"restart of job {job.name} from {name} failed: {reason}")
+        if lazy:
+            fill = LazyFill(job.name)
+            job.lazy = fill
+            fill.start(conns, {int(p["pid"]): checkpoint / p["dir"] for p in procs}, work)
     except BaseException as e:
+        if job.lazy is not None:
+            job.lazy.kill_all()
         _fail_restore(job, world, started, e)
         raise
+    if lazy:
+        resume_restored(job, conns, name)
+        _after_lazy_resume(job, verified, world, transfers, name)
+        return None
     world.forget()
     if hold:
         with job.cond:
@@ -259,6 +285,31 @@ def restore_job(
         return conns
     resume_restored(job, conns, name)
     return None
+
+
+def _after_lazy_resume(
+    job: JobRuntime, verified: VerifiedCheckpoint, world: WorldRollback, transfers: Transfers, name: str
+) -> None:
+    """The job runs; its memory fills and its images are checked meanwhile.
+    Either failing kills it; a checksum mismatch also puts its files back."""
+    fill = job.lazy
+    assert fill is not None
+    generation = job.generation
+    fill.watch(lambda why: job.fail_running(generation, f"lazy restart from {name} failed: {why}"))
+
+    def check() -> None:
+        checked = Transfer("verifying", verified.pending_bytes)
+        try:
+            with transfers.running(job.name, checked):
+                check_pending(verified.pending, checked.add)
+        except CkptdError as e:
+            log.error("job %s: %s", job.name, e.message)
+            job.fail_running(generation, f"lazy restart from {name} failed: {e.message}", world.undo)
+            fill.kill_all()
+            return
+        world.forget()
+
+    threading.Thread(target=check, name=f"verify-{job.name}", daemon=True).start()
 
 
 def _fail_restore(job: JobRuntime, world: WorldRollback, started: bool, error: BaseException) -> None:

@@ -82,9 +82,10 @@ class _Undo:
     """How to give one path back what it held before the rollback."""
 
     path: Path
-    kind: str  # "file": copy back (or remove); "tail": append; "replace": put the whole file back
+    kind: str  # "file": copy back (or remove); "tail": cut at `size`, append; "replace": put the whole file back
     saved: Path | None  # the journal's copy; None: the path did not exist
     stat: os.stat_result | None = None
+    size: int = 0  # "tail": where the rollback cut (a lazy restart's job may have written past it since)
 
 
 class WorldRollback:
@@ -148,7 +149,7 @@ class WorldRollback:
         except OSError:
             same_prefix = False
         if same_prefix:
-            self._undo.append(_Undo(live, "tail", self._save(live, size)))
+            self._undo.append(_Undo(live, "tail", self._save(live, size), size=size))
             os.truncate(live, size)  # the usual case: only cut the tail
             return
         self._undo.append(_Undo(live, "replace", self._save(live) if live.exists() else None))
@@ -161,6 +162,7 @@ class WorldRollback:
         for u in reversed(self._undo):
             try:
                 if u.kind == "tail" and u.saved is not None:
+                    os.truncate(u.path, u.size)
                     with open(u.path, "ab") as out, open(u.saved, "rb") as tail:
                         shutil.copyfileobj(tail, out, 1 << 20)
                 elif u.saved is None:

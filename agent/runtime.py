@@ -33,6 +33,7 @@ from ckptd.native import init_binary, shim_library
 from ckptd.paths import Home, JobDir
 from ckptd.v1 import ckptd_pb2 as pb
 
+from .lazy import LazyFill
 from .shim_link import ShimConnection
 
 log = logging.getLogger(__name__)
@@ -125,6 +126,11 @@ class JobRuntime:
         self.kill_requested = False
         self.stop_reason = ""
         self.restored_cuda: set[int] = set()  # pids in the job whose GPU memory a restore puts back
+        self.lazy: LazyFill | None = None  # restart --lazy: the memory still being filled
+        # a kill for a failure found while the job ran (fail_running): why, and
+        # what to undo once its processes are gone, before the state says so
+        self.failure = ""
+        self.before_end: Callable[[], None] | None = None
         self._on_change = on_change
 
     # ---- process tree ----
@@ -270,6 +276,9 @@ class JobRuntime:
             self.exit = None
             self.kill_requested = False
             self.stop_reason = ""
+            self.lazy = None
+            self.failure = ""
+            self.before_end = None
             self.state = "restoring" if restore else "running"
             self.message = f"restoring from {restored_from}" if restore else ""
             self.cond.notify_all()
@@ -320,7 +329,12 @@ class JobRuntime:
             self.exit = exit_info
             for conn in self.shims.values():
                 conn.close()
-            if self.kill_requested and self.stop_reason:
+            if self.before_end is not None:
+                undo, self.before_end = self.before_end, None
+                undo()  # under the lock: nobody sees the end before it is done
+            if self.failure:
+                self.state, self.message = "failed", self.failure
+            elif self.kill_requested and self.stop_reason:
                 self.state, self.message = "stopped", self.stop_reason
             elif self.kill_requested:
                 self.state, self.message = "killed", "killed by `ckptctl kill`"
@@ -369,6 +383,29 @@ class JobRuntime:
                 main = pid
         with contextlib.suppress(ProcessLookupError):
             os.kill(main, sig)
+
+    def fail_running(self, generation: int, why: str, undo: Callable[[], None] | None = None) -> None:
+        """A failure found while incarnation `generation` runs: kill it; it
+        ends as "failed" with `why`, after `undo`.  One that has ended
+        already gets `undo` and the message now."""
+        with self.cond:
+            if self.generation != generation:
+                return  # a later restart owns the job now
+            if self.failure:
+                return  # the first failure is the one to report
+            if self.state in RUNNING_STATES:
+                self.failure, self.before_end = why, undo
+                alive = True
+            else:
+                alive = False
+                if undo is not None:
+                    undo()
+                self.state, self.message = "failed", why
+                self.cond.notify_all()
+        if alive:
+            self.kill(requested=False)
+        else:
+            self._on_change(self)
 
     def kill(self, stop_reason: str = "", requested: bool = True) -> None:
         """Kill the whole incarnation: SIGKILL to the reaper ends the namespace.

@@ -127,7 +127,9 @@ class AgentService(pb_grpc.AgentServicer):
                 Code.FAILED_PRECONDITION,
                 f"node {self.node.node} cannot see {checkpoint}: checkpoint storage must be shared by every node",
             )
-        return self.node.restore(request.spec, checkpoint, request.allow_changed_files, request.hold).status()
+        return self.node.restore(
+            request.spec, checkpoint, request.allow_changed_files, request.hold, request.lazy
+        ).status()
 
     @rpc_method
     def Health(self, request: pb.Empty, context: grpc.ServicerContext) -> pb.NodeHealth:

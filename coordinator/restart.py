@@ -129,6 +129,11 @@ def restart_job(
         checkpoint = _choose_checkpoint(record, catalog, request.from_id)
         checkpoint = fetch_chain(record, catalog, checkpoint, board)  # with a shared tier, what the stage lacks
         if record.ranks:
+            if request.lazy:
+                raise CkptdError(
+                    Code.INVALID_ARGUMENT,
+                    f"job {record.name} has {len(record.ranks)} ranks; --lazy restarts single-node jobs only",
+                )
             status = _restart_ranks(record, registry, nodes, checkpoint, request)
             return pb.RestartResponse(status=status, checkpoint=checkpoint, duration_s=time.monotonic() - t0)
         if not request.node and request.placement:
@@ -144,6 +149,7 @@ def restart_job(
                 spec=record.spec,
                 checkpoint_dir=checkpoint.path,
                 allow_changed_files=request.allow_changed_files,
+                lazy=request.lazy,
             ),
             LONG_RPC_S,
             f"agent on {node.name}",

@@ -19,7 +19,9 @@ processes of 256 MiB each), checkpointed and restarted as one job.  --ranks
 adds multi-node jobs of 1, 2, 4 ranks (each rank its own network namespace
 and virtual IP, all on this machine's agent; root), exchanging messages
 over TCP all the time: checkpoint time and the pause against the number of
-ranks.  DMTCP is measured too when dmtcp_launch is on PATH.
+ranks.  DMTCP is measured too, for each of --sizes, when dmtcp_launch is on
+PATH (scripts/bench_dmtcp.py), and its table gives ckptd's figures as
+ratios to DMTCP's.
 """
 
 from __future__ import annotations
@@ -41,6 +43,9 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from bench_dmtcp import bench_dmtcp, dmtcp_table  # noqa: E402  (next to this script)
+
 WORKLOAD = HERE / "bench_workload.py"
 RANK_WORKLOAD = HERE / "bench_rank_workload.py"
 DP_WORKLOAD = HERE.parent / "tests" / "workloads" / "dp_sgd.py"  # data-parallel ranks with a replicated model
@@ -223,6 +228,59 @@ def bench_size(base: Path, mib: int, procs: int = 1) -> dict[str, float]:
     row = kill_and_restart(c, job, info, lambda: gap(c, job, log))
     fresh = fresh_baseline(base)
     return {"mib": mib, "procs": procs, "raw_write": w, "raw_read": r, "raw_fresh": fresh, "paused_s": paused, **row}
+
+
+def bench_lazy(base: Path, mib: int) -> dict[str, Any]:
+    """`restart --lazy` of a process of mib MiB, checkpoint evicted: how soon
+    the job runs again, and how soon all of its memory is back (the
+    agent's log), next to an ordinary restart of the same checkpoint."""
+    w, r = raw_baseline(base, mib << 20)
+    c = Ckptd(base / "home")
+    job = f"bench-lazy-{mib}"
+    ckpt_dir = base / "ckpt"
+    c.run("ckptd", "launch", "--detach", "--job", job, "--ckpt-dir", str(ckpt_dir), "--",
+          sys.executable, str(WORKLOAD), str(mib))  # fmt: skip
+    log = ckpt_dir / job / "output.log"
+    wait_line(log, "ready")
+    info = c.json("ckptctl", "checkpoint", job)
+    image = int(info["size_bytes"])
+    kill9(c, job)
+    evict(Path(info["path"]))
+    eager_s = float(c.json("ckptctl", "restart", job)["duration_s"])
+    gap(c, job, log)
+    kill9(c, job)
+    evict(Path(info["path"]))
+    daemon_log = base / "home" / "logs" / "daemon.log"
+    seen = daemon_log.read_text().count("lazy restore filled in")
+    lazy_s = float(c.json("ckptctl", "restart", job, "--lazy")["duration_s"])
+    gap(c, job, log)  # it runs
+    deadline = time.monotonic() + 600
+    while (text := daemon_log.read_text()).count("lazy restore filled in") == seen and time.monotonic() < deadline:
+        time.sleep(0.05)
+    fill_s = float(text.rsplit("lazy restore filled in", 1)[1].split()[0])
+    c.run("ckptctl", "kill", job)
+    shutil.rmtree(Path(info["path"]))
+    return {"mib": mib, "raw_write": w, "raw_read": r, "image": image, "eager_s": eager_s, "lazy_s": lazy_s,
+            "fill_s": fill_s}  # fmt: skip
+
+
+def lazy_table(rows: list[dict[str, Any]]) -> str:
+    out = (
+        "| MiB | raw read GB/s | restart s | restart/raw read | restart --lazy: runs after s "
+        "| memory all back after s | lazy fill/raw read |\n|---|---|---|---|---|---|---|\n"
+    )
+    for r in rows:
+        cells = [
+            str(r["mib"]),
+            gb(r["raw_read"]),
+            f"{r['eager_s']:.2f}",
+            f"{r['image'] / r['eager_s'] / r['raw_read']:.2f}",
+            f"{r['lazy_s']:.3f}",
+            f"{r['lazy_s'] + r['fill_s']:.2f}",
+            f"{r['image'] / (r['lazy_s'] + r['fill_s']) / r['raw_read']:.2f}",
+        ]
+        out += "| " + " | ".join(cells) + " |\n"
+    return out
 
 
 def bench_ranks(base: Path, nranks: int, mib: int) -> dict[str, float]:
@@ -536,6 +594,10 @@ def main() -> int:
         "--fills", default="pattern,weights",
         help="what the tiering process's memory holds: pattern (integers), weights (float32 N(0,1))",
     )  # fmt: skip
+    ap.add_argument(
+        "--lazy", default="",
+        help="restart --lazy of a process of this many MiB, next to a plain restart ('' for none)",
+    )  # fmt: skip
     ap.add_argument("--out", help="also write the table to this file")
     args = ap.parse_args()
     if args.dir:
@@ -545,7 +607,12 @@ def main() -> int:
     inc_rows: list[dict[str, Any]] = []
     dedup_rows: list[dict[str, Any]] = []
     tier_rows: list[dict[str, Any]] = []
+    lazy_rows: list[dict[str, Any]] = []
+    dmtcp_rows: list[dict[str, Any]] = []
     try:
+        for mib in (int(s) for s in filter(None, args.lazy.split(","))):
+            print(f"benchmarking restart --lazy of {mib} MiB ...", file=sys.stderr, flush=True)
+            lazy_rows.append(bench_lazy(base, mib))
         for mib in (int(s) for s in filter(None, args.tiering.split(","))):
             for fill in filter(None, args.fills.split(",")):
                 for codec in filter(None, args.codecs.split(",")):
@@ -570,7 +637,12 @@ def main() -> int:
                 print(f"benchmarking 2 ranks of {mib} MiB, dedup {on} ...", file=sys.stderr, flush=True)
                 dedup_rows.append(bench_dedup(base, mib, on))
         if shutil.which("dmtcp_launch"):
-            print("dmtcp_launch found, but the DMTCP comparison is not implemented yet", file=sys.stderr)
+            for mib in (int(s) for s in filter(None, args.sizes.split(","))):
+                print(f"benchmarking DMTCP with {mib} MiB ...", file=sys.stderr, flush=True)
+                try:
+                    dmtcp_rows.append(bench_dmtcp(base, mib, WORKLOAD, evict))
+                except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+                    print(f"DMTCP with {mib} MiB failed: {e}", file=sys.stderr)
         else:
             print("DMTCP not installed: no comparison", file=sys.stderr)
     finally:
@@ -586,6 +658,12 @@ def main() -> int:
         text += "\nIncremental checkpoints:\n\n" + incremental_table(inc_rows)
     if dedup_rows:
         text += "\nTwo data-parallel ranks with the same model:\n\n" + dedup_table(dedup_rows)
+    if dmtcp_rows:
+        text += "\nDMTCP on the same workload (ratios below 1: ckptd takes less time):\n\n" + dmtcp_table(
+            rows, dmtcp_rows
+        )
+    if lazy_rows:
+        text += "\nLazy restore (checkpoint evicted before each restart):\n\n" + lazy_table(lazy_rows)
     if tier_rows:
         text += "\nTiering (stage and shared tier in the same directory):\n\n" + tiering_table(tier_rows)
     sys.stdout.write(text)

@@ -422,6 +422,8 @@ def test_bad_input_keeps_job_and_checkpoints(three_nodes: MultiNode) -> None:
     assert "working directory" in p.stderr and "does not exist" in p.stderr, p.stderr
     assert m.checkpoints("bad") == kept
     shutil.move(str(m.dir / "elsewhere"), str(work))
+    p = m.ctl("restart", "bad", "--on", "1=c", "--lazy", check=False)  # lazy restore: single-node jobs only
+    assert p.returncode == 2 and "single-node jobs only" in p.stderr, p.stderr
     resp = json.loads(m.ctl("restart", "bad", "--on", "1=c", "--json").stdout)
     assert resp["checkpoint"]["id"] >= good["id"]
     assert_identical(m, "bad", expected)

@@ -200,7 +200,7 @@ def cmd_restart(args: argparse.Namespace) -> int:
     coord = _coordinator()
     req = pb.RestartRequest(
         job=args.job, from_id=args.from_id or 0, placement=args.on or [], force=args.force,
-        allow_changed_files=args.allow_changed_files,
+        allow_changed_files=args.allow_changed_files, lazy=args.lazy,
     )  # fmt: skip
     resp = with_progress(
         lambda: call(coord.Restart, req, LONG_RPC_S, "coordinator"),
@@ -459,6 +459,12 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--allow-changed-files", action="store_true",
         help="continue even if files the job reads changed since the checkpoint",
+    )  # fmt: skip
+    r.add_argument(
+        "--lazy", action="store_true",
+        help="run the job before its memory is back: large mappings are filled on demand and in the background, "
+        "and the memory images' checksums are checked meanwhile (a mismatch kills the job and puts its files "
+        "back); checkpoints and fork() wait until the fill is done. Single-node jobs",
     )  # fmt: skip
     pr = add("prune", cmd_prune, "remove checkpoints beyond a retention policy (the newest is always kept)")
     pr.add_argument("--keep", type=int, metavar="N", help="keep the last N checkpoints")

@@ -28,7 +28,8 @@ static void copy_arg(char *dst, size_t cap, const char *src, const char *name)
 }
 
 #define USAGE "usage: ckptd-restore IMAGE_DIR --status-file PATH [--plan PLAN] [--agent-socket PATH] " \
-              "[--checkpoint ID] | ckptd-restore --build PLAN --status-dir DIR ..."
+              "[--checkpoint ID] [--lazy] | ckptd-restore --build PLAN --status-dir DIR ... | " \
+              "ckptd-restore --serve-lazy IMAGE_DIR --uffd FD [--status-file PATH]"
 
 static int parse_args(long argc, char **argv, char *status_path, size_t cap)
 {
@@ -49,6 +50,18 @@ static int parse_args(long argc, char **argv, char *status_path, size_t cap)
             copy_arg(rst.agent_socket, sizeof(rst.agent_socket), argv[++i], a);
         else if (!ck_strcmp(a, "--checkpoint") && i + 1 < argc)
             copy_arg(rst.checkpoint_id, sizeof(rst.checkpoint_id), argv[++i], a);
+        else if (!ck_strcmp(a, "--lazy"))
+            rst.lazy = 1;
+        else if (!ck_strcmp(a, "--serve-lazy"))
+            rst.serve_lazy = 1;
+        else if (!ck_strcmp(a, "--fill-delay-ms") && i + 1 < argc)
+            rst.fill_delay_ms = (long)ck_parse_u64(argv[++i], 10, 0);
+        else if (!ck_strcmp(a, "--uffd") && i + 1 < argc) {
+            const char *end;
+            rst.lazy_uffd = (int)ck_parse_u64(argv[++i], 10, &end);
+            if (*end)
+                rst_fail(USAGE, a, 0);
+        }
         else if (a[0] != '-' && !rst.image_dir[0])
             copy_arg(rst.image_dir, sizeof(rst.image_dir), a, "image directory");
         else
@@ -62,7 +75,7 @@ static int parse_args(long argc, char **argv, char *status_path, size_t cap)
         ck_buf_init(&b, status_path, cap);
         ck_buf_str(&b, rst.status_dir);
         ck_buf_str(&b, "/restore-build.status");
-    } else if (!rst.image_dir[0]) {
+    } else if (!rst.image_dir[0] || (rst.serve_lazy && rst.lazy_uffd < 0)) {
         rst_fail(USAGE, 0, 0);
     }
     return build;
@@ -135,6 +148,24 @@ static void open_sources(const struct rst_image *im)
     }
 }
 
+void rst_open_pages(const struct rst_image *im)
+{
+    char path[1200];
+    struct ck_buf b;
+    ck_buf_init(&b, path, sizeof(path));
+    ck_buf_str(&b, rst.image_dir);
+    ck_buf_str(&b, "/pages.img");
+    long pfd = ck_open(path, O_RDONLY | O_CLOEXEC, 0);
+    if (pfd < 0)
+        rst_fail("cannot open pages.img", path, pfd);
+    rst.pages_fd = move_high((int)pfd);
+    struct stat st;
+    long rc = ck_fstat(rst.pages_fd, &st);
+    if (rc < 0 || (uint64_t)st.st_size != im->hdr->pages_size)
+        rst_fail("pages.img has the wrong size (truncated image?)", path, rc);
+    open_sources(im);
+}
+
 void rst_main(long *sp)
 {
     long argc = sp[0];
@@ -145,6 +176,7 @@ void rst_main(long *sp)
     uint64_t all = ~0ull;
 
     rst.status_fd = -1;
+    rst.lazy_uffd = -1;
     ck_sigprocmask(SIG_SETMASK, &all, 0);  /* nothing interrupts a restore */
     int build = parse_args(argc, argv, status_path, sizeof(status_path));
     if (status_path[0]) {
@@ -155,6 +187,8 @@ void rst_main(long *sp)
     }
     if (build)
         rst_build();
+    if (rst.serve_lazy)
+        rst_serve_lazy();
     if (rst.plan_path[0])
         rst_load_plan_keys(rst.plan_path);
 
@@ -189,18 +223,12 @@ void rst_main(long *sp)
         ck_close(i);
     }
 
-    ck_buf_init(&b, path, sizeof(path));
-    ck_buf_str(&b, rst.image_dir);
-    ck_buf_str(&b, "/pages.img");
-    long pfd = ck_open(path, O_RDONLY | O_CLOEXEC, 0);
-    if (pfd < 0)
-        rst_fail("cannot open pages.img", path, pfd);
-    rst.pages_fd = move_high((int)pfd);
-    struct stat st;
-    long rc = ck_fstat(rst.pages_fd, &st);
-    if (rc < 0 || (uint64_t)st.st_size != im.hdr->pages_size)
-        rst_fail("pages.img has the wrong size (truncated image?)", path, rc);
-    open_sources(&im);
+    rst_open_pages(&im);
+    for (uint32_t i = 0; rst.lazy && i < im.nvmas; i++)
+        if (rst_vma_lazy(&im, &im.vmas[i])) {
+            rst_lazy_open();  /* only when something is large enough to fill lazily */
+            break;
+        }
 
     /* where this process's own mappings are, vdso and vvar included */
     size_t maps_cap = 1u << 20;

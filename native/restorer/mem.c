@@ -193,7 +193,10 @@ static void map_one(const struct rst_image *im, const struct ck_vma *v)
      * pages, as the job had it (fewer faults now, a cheap fork for the
      * next checkpoint's writer) */
     replay_advice(v);
-    fill_pages(im, v);
+    if (rst.lazy_uffd >= 0 && rst_vma_lazy(im, v))
+        rst_lazy_register(v);  /* the pager fills it once the job runs */
+    else
+        fill_pages(im, v);
     if (prot != (int)v->prot) {
         long rc = ck_mprotect((void *)v->start, len, (int)v->prot);
         if (rc < 0)

@@ -96,6 +96,11 @@ struct rst_state {
     struct rst_special cur_special[RST_MAX_SPECIAL];
     int ncur_special;
     int uid_is_root;
+    /* restart --lazy (lazy.c) */
+    int lazy;                    /* map large mappings empty, filled on demand */
+    int lazy_uffd;               /* the userfaultfd they are registered with, or -1 */
+    int serve_lazy;              /* this run is the pager: --serve-lazy DIR --uffd N */
+    long fill_delay_ms;          /* pager: pause between background copies (tests) */
     /* the restore plan (plan.c) */
     char plan_path[1024];
     char status_dir[1024];
@@ -138,6 +143,15 @@ void rst_unmap_all_but_hole(void);
 void rst_map_image(const struct rst_image *im);
 void rst_place_specials(const struct rst_image *im);
 void rst_set_mm(const struct rst_image *im);
+
+/* lazy.c */
+int rst_vma_lazy(const struct rst_image *im, const struct ck_vma *v);
+void rst_lazy_open(void);
+void rst_lazy_register(const struct ck_vma *v);
+void rst_serve_lazy(void) __attribute__((noreturn));
+
+/* main.c: the memory images an image reads its pages from */
+void rst_open_pages(const struct rst_image *im);
 
 /* plan.c */
 void rst_load_plan_keys(const char *path);

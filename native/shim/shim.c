@@ -19,7 +19,11 @@
  *   agent -> shim   REBASE core= image=   -> REBASED | ERROR msg=
  *                   (the agent rewrote the last image, core.img at core=:
  *                   the next one refers to its pages where they are now)
+ *   agent -> shim   LAZY_DONE             -> LAZY_DONE  (restart --lazy: every page is back; fork() may go on)
  *   agent -> shim   PING                  -> PONG
+ * After a restart --lazy the restored HELLO also says lazy_uffd=N: the
+ * descriptor the agent takes (pidfd_getfd) for its pager before RESUME,
+ * which closes the process's own copy (native/restorer/lazy.c).
  * If the connection drops while threads are parked they are released: a
  * job is never left frozen because its agent died.
  */
@@ -37,7 +41,7 @@
 #define CK_HIGH_FD 900
 #define CK_PROTOCOL_VERSION 1
 
-struct ck_shim_state ck_shim = {.agent_fd = -1};
+struct ck_shim_state ck_shim = {.agent_fd = -1, .lazy_fd = -1};
 struct ck_restart_info ck_restart;
 
 static char rx_buf[8192];
@@ -204,6 +208,8 @@ static int send_hello(int restored)
     kv_str(&b, "exe", exe);
     kv_u64(&b, "restored", (uint64_t)restored);
     kv_str(&b, "checkpoint", restored ? ck_restart.checkpoint_id : "");
+    if (restored && ck_shim.lazy_fd >= 0)
+        kv_u64(&b, "lazy_uffd", (uint64_t)ck_shim.lazy_fd);
     return send_line(&b);
 }
 
@@ -248,6 +254,8 @@ static void finish_restore(void)
 {
     ck_wait_threads_arrived(ck_restart.nthreads);
     ck_track_forget();
+    ck_shim.lazy_fd = ck_restart.lazy_uffd;
+    ck_shim.lazy_pending = ck_shim.lazy_fd >= 0;
     if (ck_restart.hole_start && ck_restart.hole_len)
         ck_munmap((void *)ck_restart.hole_start, ck_restart.hole_len);
     ck_shim.agent_fd = -1;  /* the old connection did not survive */
@@ -376,6 +384,12 @@ static void command_loop(void)
         } else if (ck_startswith(line, "DUMP")) {
             handle_dump(line);
         } else if (ck_startswith(line, "RESUME") || ck_startswith(line, "ABORT")) {
+            if (ck_shim.lazy_fd >= 0) {
+                /* the agent's pager holds it now; closing the last copy
+                 * is what ends the registration once it is done */
+                ck_close(ck_shim.lazy_fd);
+                ck_shim.lazy_fd = -1;
+            }
             if (ck_is_parked())
                 ck_release();
             if (ck_startswith(line, "ABORT"))
@@ -400,6 +414,10 @@ static void command_loop(void)
                 reply_simple("REBASED");
             else
                 reply_error("cannot take the rewritten image's page runs");
+        } else if (ck_startswith(line, "LAZY_DONE")) {
+            __atomic_store_n(&ck_shim.lazy_pending, 0, __ATOMIC_RELEASE);
+            ck_futex_wake_all(&ck_shim.lazy_pending);
+            reply_simple("LAZY_DONE");
         } else if (ck_startswith(line, "PING")) {
             reply_simple("PONG");
         } else {
@@ -432,6 +450,14 @@ static void start_checkpoint_thread(void)
         ck_shim.active = 0;
     pthread_attr_destroy(&attr);
     ck_sigprocmask(SIG_SETMASK, &old, 0);
+}
+
+/* A child forked before a lazy restore's fill is done would not have the
+ * registration, and its unfilled pages would read as zeros: wait. */
+static void before_fork(void)
+{
+    while (__atomic_load_n(&ck_shim.lazy_pending, __ATOMIC_ACQUIRE))
+        ck_futex_wait(&ck_shim.lazy_pending, 1, 1000);
 }
 
 static void after_fork_child(void)
@@ -467,7 +493,7 @@ __attribute__((constructor)) static void ck_shim_init(void)
                                                                         : CK_TRACK_OFF;
     const char *capture = getenv("CKPTD_CAPTURE");
     ck_shim.capture_sync = capture && !ck_strcmp(capture, "sync");
-    pthread_atfork(0, 0, after_fork_child);
+    pthread_atfork(before_fork, 0, after_fork_child);
     if (connect_agent() < 0 || send_hello(0) < 0)
         drop_connection();  /* the checkpoint thread keeps retrying */
     start_checkpoint_thread();

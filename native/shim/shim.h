@@ -28,6 +28,8 @@ struct ck_shim_state {
     int hide_io_uring;        /* io_uring_setup() through syscall() says ENOSYS */
     int track_mode;           /* CK_TRACK_*: how incremental dumps find changed pages */
     int capture_sync;         /* CKPTD_CAPTURE=sync: write every page during the pause */
+    int lazy_fd;              /* restart --lazy: the restorer's userfaultfd until RESUME, or -1 */
+    volatile uint32_t lazy_pending;  /* futex: 1 until LAZY_DONE (memory still being filled) */
     char job[128];
     char socket_path[108];
 };

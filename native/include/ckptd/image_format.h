@@ -344,6 +344,8 @@ struct ck_restart_info {
     uint32_t arrived;           /* futex: threads that reached shim code */
     char agent_socket[108];
     char checkpoint_id[64];
+    int32_t lazy_uffd;          /* restart --lazy: the userfaultfd the agent takes, else -1 */
+    uint32_t pad;
 };
 
 #endif
