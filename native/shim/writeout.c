@@ -111,6 +111,24 @@ int ck_copy_unreadable(int fd, int mem_fd, char *buf, uint64_t vaddr, uint64_t l
     return 0;
 }
 
+/* The writer starts writeback of what it has written every WRITEBACK_STEP
+ * bytes: otherwise the kernel leaves up to a tenth of memory dirty until
+ * the agent's fsync, and the disk idles while the writer fills the page
+ * cache.  SYNC_FILE_RANGE_WRITE only queues the I/O; it does not wait. */
+#define WRITEBACK_STEP (64ull << 20)
+#define CK_SYNC_FILE_RANGE_WRITE 2
+
+static void start_writeback(int fd, uint64_t end)
+{
+    static uint64_t from;
+    if (end < from)
+        from = 0;  /* a new file */
+    if (end - from < WRITEBACK_STEP)
+        return;
+    (void)ck_sc4(SYS_sync_file_range, fd, from, end - from, CK_SYNC_FILE_RANGE_WRITE);  /* a hint: the fsync is what counts */
+    from = end;
+}
+
 /* every run this image holds itself, of the mappings left for later */
 static int write_later_runs(struct ck_image *im, int fd)
 {
@@ -126,25 +144,36 @@ static int write_later_runs(struct ck_image *im, int fd)
             uint64_t size = r->npages * CK_PAGE_SIZE;
             if (r->src)
                 continue;  /* an earlier image's pages */
-            if (n && (n == CK_IOV_BATCH || first + len != r->offset || !(v->prot & PROT_READ))) {
-                rc = ck_pwritev_all(fd, iov, n, first);
+            if (!(v->prot & PROT_READ)) {
+                if (n)
+                    rc = ck_pwritev_all(fd, iov, n, first);
                 n = 0;
                 len = 0;
-            }
-            if (rc)
-                break;
-            if (!(v->prot & PROT_READ)) {
                 if (mem_fd < 0)
                     mem_fd = (int)ck_open("/proc/self/mem", O_RDONLY | O_CLOEXEC, 0);
-                rc = mem_fd < 0 ? mem_fd : ck_copy_unreadable(fd, mem_fd, bounce, r->vaddr, size, r->offset);
+                if (rc == 0)
+                    rc = mem_fd < 0 ? mem_fd : ck_copy_unreadable(fd, mem_fd, bounce, r->vaddr, size, r->offset);
                 continue;
             }
-            if (!n)
-                first = r->offset;
-            iov[n].base = (const void *)r->vaddr;
-            iov[n].len = size;
-            n++;
-            len += size;
+            /* in pieces of at most WRITEBACK_STEP, so writeback follows the writer */
+            for (uint64_t done = 0; done < size && rc == 0;) {
+                uint64_t piece = size - done < WRITEBACK_STEP ? size - done : WRITEBACK_STEP;
+                if (n && (n == CK_IOV_BATCH || first + len != r->offset + done || len >= WRITEBACK_STEP)) {
+                    rc = ck_pwritev_all(fd, iov, n, first);
+                    start_writeback(fd, first + len);
+                    n = 0;
+                    len = 0;
+                    if (rc)
+                        break;
+                }
+                if (!n)
+                    first = r->offset + done;
+                iov[n].base = (const void *)(r->vaddr + done);
+                iov[n].len = piece;
+                n++;
+                len += piece;
+                done += piece;
+            }
         }
     }
     if (rc == 0 && n)
