@@ -115,11 +115,16 @@ def wait_line(log: Path, prefix: str, after: int = 0, timeout: float = 300) -> s
     raise SystemExit(f"{prefix!r} never appeared in {log}")
 
 
-def gap(c: Ckptd, job: str, log: Path) -> float:
+def gap_of(pid: int, log: Path) -> float:
+    """The workload's longest pause since the last ask (SIGUSR1 to its first process)."""
     n = len(log.read_text().splitlines())
-    first = [p["host_pid"] for p in c.json("ckptctl", "status", job)["processes"] if p["pid"] == 2]
-    os.kill(first[0], signal.SIGUSR1)
+    os.kill(pid, signal.SIGUSR1)
     return float(wait_line(log, "max_gap_s", after=n).split()[1])
+
+
+def gap(c: Ckptd, job: str, log: Path) -> float:
+    first = [p["host_pid"] for p in c.json("ckptctl", "status", job)["processes"] if p["pid"] == 2]
+    return gap_of(first[0], log)
 
 
 MADV_HUGEPAGE = 14
@@ -648,8 +653,8 @@ def main() -> int:
             for mib in (int(s) for s in filter(None, args.sizes.split(","))):
                 print(f"benchmarking DMTCP with {mib} MiB ...", file=sys.stderr, flush=True)
                 try:
-                    dmtcp_rows.append(bench_dmtcp(base, mib, WORKLOAD, evict))
-                except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+                    dmtcp_rows.append(bench_dmtcp(base, mib, WORKLOAD, evict=evict, wait_line=wait_line, gap_of=gap_of))
+                except (RuntimeError, OSError, subprocess.SubprocessError, SystemExit) as e:
                     print(f"DMTCP with {mib} MiB failed: {e}", file=sys.stderr)
         else:
             print("DMTCP not installed: no comparison", file=sys.stderr)

@@ -32,23 +32,17 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _wait(what: str, ready: Callable[[], bool], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not ready():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"DMTCP: {what} did not happen within {timeout:.0f} s")
-        time.sleep(0.02)
-
-
-def _gap(pid: int, log: Path) -> float:
-    """The workload's longest pause since the last ask (its SIGUSR1 protocol)."""
-    before = log.read_text().count("max_gap_s")
-    os.kill(pid, signal.SIGUSR1)
-    _wait("the workload's answer", lambda: log.read_text().count("max_gap_s") > before, 120)
-    return float(log.read_text().rsplit("max_gap_s", 1)[1].split()[0])
-
-
-def bench_dmtcp(base: Path, mib: int, workload: Path, evict: Callable[[Path], None]) -> dict[str, Any]:
+def bench_dmtcp(
+    base: Path,
+    mib: int,
+    workload: Path,
+    *,
+    evict: Callable[[Path], None],
+    wait_line: Callable[[Path, str], str],
+    gap_of: Callable[[int, Path], float],
+) -> dict[str, Any]:
+    """bench.py's own helpers come in: evict a file from the page cache,
+    wait for a line of the log, ask the workload for its longest pause."""
     work = base / f"dmtcp-{mib}"
     ckpt = work / "ckpt"
     ckpt.mkdir(parents=True)
@@ -73,13 +67,13 @@ def bench_dmtcp(base: Path, mib: int, workload: Path, evict: Callable[[Path], No
             job = subprocess.Popen(["dmtcp_launch", "--join", sys.executable, str(workload), str(mib)],
                                    env=env, cwd=work, stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
         procs.append(job)
-        _wait("the workload's start", lambda: "ready" in log.read_text(), 300)
+        wait_line(log, "ready")
         time.sleep(1.0)
-        _gap(job.pid, log)
+        gap_of(job.pid, log)
         t0 = time.monotonic()
         subprocess.run(["dmtcp_command", "--bcheckpoint"], env=env, check=True, capture_output=True, timeout=600)
         ckpt_s = time.monotonic() - t0
-        paused = _gap(job.pid, log)
+        paused = gap_of(job.pid, log)
         images = sorted(ckpt.glob("ckpt_*.dmtcp"))
         if not images:
             raise RuntimeError(f"DMTCP wrote no ckpt_*.dmtcp in {ckpt}")
@@ -94,7 +88,7 @@ def bench_dmtcp(base: Path, mib: int, workload: Path, evict: Callable[[Path], No
                                          env=env, cwd=work, stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
         procs.append(restarted)
         # running again once it answers; the answer's own latency is milliseconds
-        _gap(restarted.pid, log)
+        gap_of(restarted.pid, log)
         restart_s = time.monotonic() - t0
         return {"mib": mib, "image": image, "ckpt_s": ckpt_s, "paused_s": paused, "restart_s": restart_s}
     finally:

@@ -233,72 +233,47 @@ static void finish(void)
     ck_exit_group(0);
 }
 
-/* UFFDIO_COPY of [dst, dst+len) from src, straight from the page cache
- * (no copy through a buffer).  0: done (copied, or no longer ours to fill);
- * -EAGAIN: the address space is changing, read the events first. */
-static long copy_in(uint64_t dst, uint64_t len, uint64_t src)
+/* [dst, dst+len) filled: UFFDIO_COPY from src, straight from the page
+ * cache (no copy through a buffer), or with src 0 UFFDIO_ZEROPAGE.
+ * 0: done (filled, or no longer ours to fill: a page already there, a
+ * mapping the job split or unmapped, which is then gone over page by
+ * page); -EAGAIN: the address space is changing, read the events first. */
+static long fill(uint64_t dst, uint64_t len, uint64_t src)
 {
     uint64_t done = 0;
     while (done < len) {
-        struct uffdio_copy c = {.dst = dst + done, .src = src + done, .len = len - done};
-        long rc = ck_ioctl(lz.uffd, UFFDIO_COPY, &c);
-        if (c.copy > 0) {
-            done += (uint64_t)c.copy;
-            lz.filled += (uint64_t)c.copy;
+        long rc;
+        int64_t got;
+        if (src) {
+            struct uffdio_copy c = {.dst = dst + done, .src = src + done, .len = len - done};
+            rc = ck_ioctl(lz.uffd, UFFDIO_COPY, &c);
+            got = c.copy;
+        } else {
+            struct uffdio_zeropage z = {.range = {.start = dst + done, .len = len - done}};
+            rc = ck_ioctl(lz.uffd, UFFDIO_ZEROPAGE, &z);
+            got = z.zeropage;
+        }
+        if (got > 0) {
+            done += (uint64_t)got;
+            *(src ? &lz.filled : &lz.zeroed) += (uint64_t)got;
         }
         if (rc == 0)
             break;
         if (rc == -EAGAIN || rc == -EINTR) {
-            if (c.copy > 0)
+            if (got > 0)
                 continue;
             return -EAGAIN;
         }
         if (rc == -ESRCH)
             finish();  /* the process is gone: nothing left to fill */
-        if (rc == -EEXIST) {
-            done += CK_PAGE_SIZE;  /* already there (a fault window, a write) */
-        } else if (rc == -ENOENT || rc == -EINVAL) {
-            /* across the end of a mapping (the job split or unmapped it):
-             * page by page from here, and a page that is not ours is skipped */
-            if (len - done > CK_PAGE_SIZE) {
-                long r = copy_in(dst + done, CK_PAGE_SIZE, src + done);
-                if (r < 0)
-                    return r;
-            }
-            done += CK_PAGE_SIZE;
-        } else {
+        if (rc != -EEXIST && rc != -ENOENT && rc != -EINVAL)
             rst_fail("cannot fill memory for a lazy restore", 0, rc);
+        if (rc != -EEXIST && len - done > CK_PAGE_SIZE) {
+            long r = fill(dst + done, CK_PAGE_SIZE, src ? src + done : 0);
+            if (r < 0)
+                return r;
         }
-    }
-    return 0;
-}
-
-/* UFFDIO_ZEROPAGE of [s, t); where the range is not wholly ours (a
- * mapping's end, a page already there) page by page */
-static long zero_range(uint64_t s, uint64_t t)
-{
-    while (s < t) {
-        struct uffdio_zeropage z = {.range = {.start = s, .len = t - s}};
-        long rc = ck_ioctl(lz.uffd, UFFDIO_ZEROPAGE, &z);
-        if (z.zeropage > 0) {
-            s += (uint64_t)z.zeropage;
-            lz.zeroed += (uint64_t)z.zeropage;
-        }
-        if (rc == 0)
-            return 0;
-        if (rc == -ESRCH)
-            finish();
-        if (rc == -EAGAIN || rc == -EINTR) {
-            if (z.zeropage > 0)
-                continue;
-            return -EAGAIN;
-        }
-        if (t - s > CK_PAGE_SIZE) {
-            rc = zero_range(s, s + CK_PAGE_SIZE);
-            if (rc < 0)
-                return rc;
-        }
-        s += CK_PAGE_SIZE;  /* EEXIST, ENOENT: that page needs nothing */
+        done += CK_PAGE_SIZE;  /* filled just now, or needs nothing */
     }
     return 0;
 }
@@ -312,7 +287,7 @@ static long serve_fault(uint64_t addr)
         const struct pending *e = &lz.p[i];
         uint64_t w = addr & ~(FAULT_WINDOW - 1);
         uint64_t s = w > e->start ? w : e->start, t = w + FAULT_WINDOW < e->end ? w + FAULT_WINDOW : e->end;
-        long rc = copy_in(s, t - s, e->src + (s - e->start));
+        long rc = fill(s, t - s, e->src + (s - e->start));
         if (rc < 0)
             return rc;
     } else {
@@ -322,7 +297,7 @@ static long serve_fault(uint64_t addr)
         uint64_t s = i > lz.head && lz.p[i - 1].end > w ? lz.p[i - 1].end : w;
         if (i < lz.n && lz.p[i].start < t)
             t = lz.p[i].start;
-        long rc = zero_range(s, t);
+        long rc = fill(s, t - s, 0);
         if (rc == -EAGAIN)
             return rc;
     }
@@ -437,7 +412,7 @@ void rst_serve_lazy(void)
         uint64_t rest = e->end - e->start - len;
         if (rest)
             ck_madvise((void *)(e->src + len), rest < FILL_CHUNK ? rest : FILL_CHUNK, MADV_WILLNEED);
-        if (copy_in(e->start, len, e->src) == 0) {
+        if (fill(e->start, len, e->src) == 0) {
             e->start += len;
             e->src += len;
             if (e->start == e->end)

@@ -118,15 +118,12 @@ int ck_copy_unreadable(int fd, int mem_fd, char *buf, uint64_t vaddr, uint64_t l
 #define WRITEBACK_STEP (64ull << 20)
 #define CK_SYNC_FILE_RANGE_WRITE 2
 
-static void start_writeback(int fd, uint64_t end)
+static void start_writeback(int fd, uint64_t *from, uint64_t end)
 {
-    static uint64_t from;
-    if (end < from)
-        from = 0;  /* a new file */
-    if (end - from < WRITEBACK_STEP)
+    if (end < *from + WRITEBACK_STEP)
         return;
-    (void)ck_sc4(SYS_sync_file_range, fd, from, end - from, CK_SYNC_FILE_RANGE_WRITE);  /* a hint: the fsync is what counts */
-    from = end;
+    (void)ck_sc4(SYS_sync_file_range, fd, *from, end - *from, CK_SYNC_FILE_RANGE_WRITE);  /* a hint: the fsync is what counts */
+    *from = end;
 }
 
 /* every run this image holds itself, of the mappings left for later */
@@ -134,7 +131,7 @@ static int write_later_runs(struct ck_image *im, int fd)
 {
     static struct ck_iov iov[CK_IOV_BATCH];
     int n = 0, mem_fd = -1, rc = 0;
-    uint64_t first = 0, len = 0;
+    uint64_t first = 0, len = 0, written_back = 0;
     for (size_t vi = 0; vi < im->vmas.count && rc == 0; vi++) {
         const struct ck_vma *v = ck_table_at(&im->vmas, vi);
         if (!ck_vma_written_later(v))
@@ -160,7 +157,7 @@ static int write_later_runs(struct ck_image *im, int fd)
                 uint64_t piece = size - done < WRITEBACK_STEP ? size - done : WRITEBACK_STEP;
                 if (n && (n == CK_IOV_BATCH || first + len != r->offset + done || len >= WRITEBACK_STEP)) {
                     rc = ck_pwritev_all(fd, iov, n, first);
-                    start_writeback(fd, first + len);
+                    start_writeback(fd, &written_back, first + len);
                     n = 0;
                     len = 0;
                     if (rc)
