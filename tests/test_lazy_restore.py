@@ -48,6 +48,43 @@ def test_lazy_restart_output_identical_while_the_job_moves_its_memory(ckptd: Ckp
     assert re.search(r"^child of step 19: ", plain, re.M) and "done " in plain
 
 
+def test_lazy_fill_outlives_an_agent_restart(ckptd: Ckptd) -> None:
+    """The agent that started the pager stops mid-fill, so nobody will say
+    LAZY_DONE: the shim sees the end of the fill for itself.  The next
+    agent's checkpoint is refused (and retried) until then, the job's fork
+    goes on after it, and that checkpoint restores to the plain output."""
+    c = ckptd
+    # a slow fill (4 MiB/s in the background) and a slow job (whose faults
+    # also fill: about 4 MiB/s): 48 MiB take some 6 s
+    c.env["CKPTD_LAZY_FILL_DELAY_MS"] = "250"
+    slow = [PYTHON, str(WORKLOADS / "lazy_memory.py"), "40", "48", "0.3"]
+    plain = run_plain(slow).stdout
+    c.launch("ag", slow)
+    c.wait_log("ag", r"^step 3 ")
+    c.checkpoint("ag")
+    c.kill9("ag")
+    c.ctl("restart", "ag", "--lazy")
+    c.ctl("shutdown")  # the job and its pager run on
+    refused = []
+    deadline = time.monotonic() + 90
+    while True:
+        p = c.ctl("checkpoint", "ag", "--json", check=False)  # starts the next daemon, which re-adopts the job
+        if p.returncode == 0:
+            break
+        if "still being filled after a lazy restart" in p.stderr:
+            refused.append(p.stderr)
+        else:  # the child of step 19 exiting mid-round discards that round
+            assert "exited during" in p.stderr, p.stderr
+        assert time.monotonic() < deadline, refused
+        time.sleep(0.5)
+    assert refused  # the fill was still running when the new agent asked
+    c.wait_log("ag", r"^child of step 19: ")  # fork() went on without LAZY_DONE
+    c.kill9("ag")
+    c.ctl("restart", "ag")  # from the checkpoint taken by the new agent
+    assert c.wait("ag") == 0
+    assert c.log("ag", "stdout") == plain
+
+
 def test_lazy_restart_from_a_corrupt_image_is_killed_and_its_log_put_back(ckptd: Ckptd) -> None:
     """--lazy runs the job before the images' checksums are known: a
     mismatch found meanwhile kills it and puts its files back, and the

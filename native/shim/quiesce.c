@@ -274,6 +274,17 @@ void ck_release(void)
 
 int ck_is_parked(void) { return __atomic_load_n(&phase, __ATOMIC_ACQUIRE) == PHASE_PARKING; }
 
+/* In a forked child: a fork that raced with its parent's QUIESCE (the
+ * phase set, the forking thread not yet signalled) must not leave the
+ * child believing a checkpoint of its own is under way. */
+void ck_quiesce_after_fork(void)
+{
+    __atomic_store_n(&phase, PHASE_RUNNING, __ATOMIC_RELEASE);
+    __atomic_store_n(&nslots, 0, __ATOMIC_RELEASE);
+    __atomic_store_n(&parked, 0, __ATOMIC_RELEASE);
+    nsignalled = 0;
+}
+
 struct ck_thread *ck_parked_threads(uint32_t *n)
 {
     *n = __atomic_load_n(&nslots, __ATOMIC_ACQUIRE);

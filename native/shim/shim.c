@@ -23,7 +23,8 @@
  *   agent -> shim   PING                  -> PONG
  * After a restart --lazy the restored HELLO also says lazy_uffd=N: the
  * descriptor the agent takes (pidfd_getfd) for its pager before RESUME,
- * which closes the process's own copy (native/restorer/lazy.c).
+ * which closes the process's own copy (native/restorer/lazy.c).  QUIESCE
+ * is refused (retry=1) while the fill runs (native/shim/lazy.c).
  * If the connection drops while threads are parked they are released: a
  * job is never left frozen because its agent died.
  */
@@ -337,6 +338,10 @@ static void handle_quiesce(char *line)
     const char *t = msg_get(line, "timeout_ms");
     long timeout = t ? (long)ck_parse_u64(t, 10, 0) : 10000;
     char err[CK_ERR_CAP];
+    if (ck_lazy_filling()) {  /* the agent that knew has restarted: the writer would see zeros */
+        reply_error_retry("memory is still being filled after a lazy restart", 1);
+        return;
+    }
     ck_writeout_discard();  /* a writer nobody waited for belongs to a round long gone */
     if (ck_arena_setup() < 0) {
         reply_error("cannot reserve checkpoint scratch memory");
@@ -456,12 +461,13 @@ static void start_checkpoint_thread(void)
  * registration, and its unfilled pages would read as zeros: wait. */
 static void before_fork(void)
 {
-    while (__atomic_load_n(&ck_shim.lazy_pending, __ATOMIC_ACQUIRE))
-        ck_futex_wait(&ck_shim.lazy_pending, 1, 1000);
+    while (ck_lazy_filling())
+        ck_futex_wait(&ck_shim.lazy_pending, 1, 200);  /* LAZY_DONE wakes it; else lazy.c looks again */
 }
 
 static void after_fork_child(void)
 {
+    ck_quiesce_after_fork();
     /* the child shares the parent's socket: leave it to the parent */
     if (ck_shim.agent_fd >= 0)
         ck_close(ck_shim.agent_fd);

@@ -36,6 +36,9 @@ struct ck_shim_state {
 extern struct ck_shim_state ck_shim CK_HIDDEN;
 extern struct ck_restart_info ck_restart CK_HIDDEN;
 
+/* ---- lazy.c: after restart --lazy, 1 while the pager still fills memory ---- */
+int ck_lazy_filling(void) CK_HIDDEN;
+
 /* ---- ctx.S ---- */
 int ck_save_ctx(struct ck_jmpctx *ctx) CK_HIDDEN __attribute__((returns_twice));
 
@@ -70,6 +73,7 @@ int ck_quiesce_install(int sig) CK_HIDDEN;
 int ck_quiesce(long timeout_ms, char *err, size_t errcap) CK_HIDDEN;
 void ck_release(void) CK_HIDDEN;
 int ck_is_parked(void) CK_HIDDEN;
+void ck_quiesce_after_fork(void) CK_HIDDEN;  /* a forked child starts outside any checkpoint */
 /* records of the parked threads, valid while parked */
 struct ck_thread *ck_parked_threads(uint32_t *n) CK_HIDDEN;
 void ck_fill_thread(struct ck_thread *t, uint64_t sigmask) CK_HIDDEN;
