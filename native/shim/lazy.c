@@ -29,7 +29,10 @@ static int line_has_um(const char *s, size_t n)
     return 0;
 }
 
-/* 1: some mapping is still registered for missing pages (or we cannot tell) */
+/* 1: some mapping is still registered for missing pages (or we cannot tell).
+ * Read as a stream on the stack, not with ck_parse_maps: that wants the
+ * whole file in the arena, which a forking job thread must not touch while
+ * the checkpoint thread may be using it. */
 static int missing_registered(void)
 {
     long fd = ck_open("/proc/self/smaps", O_RDONLY | O_CLOEXEC, 0);
