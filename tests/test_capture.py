@@ -6,10 +6,12 @@ that fails must cost the checkpoint, never the job or an earlier one."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -104,3 +106,26 @@ def test_writer_killed_mid_write_costs_only_that_checkpoint(ckptd: Ckptd) -> Non
     c.ctl("restart", "wk", "--from", str(first["id"]))
     assert c.wait("wk") == 0
     assert c.log("wk", "stdout") == expected(steps, mib)
+
+
+def test_a_process_that_exits_while_its_pages_are_written_keeps_the_checkpoint(ckptd: Ckptd) -> None:
+    """A child exits on its own while its writer is still writing, so while
+    the agent waits for it (FLUSH): the writer finishes its image anyway,
+    the checkpoint commits with both processes, and the job restarts from
+    it to the plain output (the restored child exits again)."""
+    c = ckptd
+    steps = 200  # 10 s: the parent still runs when the test kills it
+    c.launch("ex", [PYTHON, str(WORKLOADS / "exit_mid_checkpoint.py"), str(steps)])
+    c.wait_log("ex", r"^child ready")
+    info = c.checkpoint("ex")
+    manifest = json.loads((Path(info["path"]) / "manifest.json").read_text())
+    assert len(manifest["processes"]) == 2
+    deadline = time.monotonic() + 30
+    while len(c.status("ex")["pids"]) > 1:  # the child is gone: it exited during the round
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    c.kill9("ex")
+    c.ctl("restart", "ex")
+    assert c.wait("ex") == 0
+    out = "".join(f"step {s}\n" for s in range(1, steps + 1)) + f"child exited {((768 << 17) - 1) % 7}\n"
+    assert c.log("ex", "stdout") == out

@@ -11,7 +11,10 @@ from pathlib import Path
 
 from conftest import PYTHON, WORKLOADS, Ckptd, flip_byte, run_plain
 
-LAZY = [PYTHON, str(WORKLOADS / "lazy_memory.py"), "60", "48", "0.04"]
+# 0.1 s a step: the two checkpoints below (each a CLI start, some 0.3 s)
+# land well before the fork at step 19, so that the restarted job has steps
+# to take during the fill before its fork waits for the fill's end
+LAZY = [PYTHON, str(WORKLOADS / "lazy_memory.py"), "60", "48", "0.1"]
 
 
 def pager_reports(c: Ckptd, job: str) -> list[str]:
@@ -73,7 +76,7 @@ def test_lazy_fill_outlives_an_agent_restart(ckptd: Ckptd) -> None:
             break
         if "still being filled after a lazy restart" in p.stderr:
             refused.append(p.stderr)
-        else:  # the child of step 19 exiting mid-round discards that round
+        else:  # the child of step 19 exiting during its dump discards that round
             assert "exited during" in p.stderr, p.stderr
         assert time.monotonic() < deadline, refused
         time.sleep(0.5)

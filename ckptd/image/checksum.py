@@ -8,6 +8,7 @@ where modification times differ, still recognises the same library.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Callable
@@ -34,6 +35,32 @@ def hash_file(path: Path | str, progress: Progress | None = None) -> str:
             if progress:
                 progress(n)
     return h.hexdigest()
+
+
+# The digest a checkpoint's writer leaves on the pages.img it wrote, "HEX
+# SIZE" (native/shim/checksum.c, CK_CHECKSUM_XATTR): it hashed the pages
+# from memory as it wrote them, so the agent need not read them back.
+WRITER_XATTR = "user.ckptd.xxh3_128"
+
+
+def writer_digest(path: Path | str) -> str | None:
+    """The xxh3-128 the writer recorded for the file, if it recorded one for
+    the file as it is now (same size), else None: hash it then."""
+    try:
+        value = os.getxattr(path, WRITER_XATTR).decode("ascii")
+        size = os.stat(path).st_size
+    except (OSError, UnicodeDecodeError):
+        return None
+    digest, _, recorded = value.partition(" ")
+    if len(digest) != 32 or recorded != str(size) or any(c not in "0123456789abcdef" for c in digest):
+        return None
+    return digest
+
+
+def forget_writer_digest(path: Path | str) -> None:
+    """Before the file is changed in place (dedup punches holes in it)."""
+    with contextlib.suppress(OSError):
+        os.removexattr(path, WRITER_XATTR)
 
 
 def fsync_path(path: Path | str) -> None:

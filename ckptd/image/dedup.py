@@ -28,6 +28,7 @@ from typing import Any
 
 import xxhash
 
+from .checksum import forget_writer_digest
 from .core import CoreImage, constant, ffi
 
 PAGE = 4096
@@ -231,6 +232,7 @@ def apply(rw: Rewrite) -> int:
     """Put the new core.img in place and free the copies; returns the bytes
     freed (0 where the filesystem cannot punch holes: the pages stay, unused)."""
     os.replace(rw.new_core, rw.proc_dir / "core.img")
+    forget_writer_digest(rw.proc_dir / "pages.img")  # its bytes change here
     fd = os.open(rw.proc_dir / "pages.img", os.O_WRONLY)
     freed = 0
     try:

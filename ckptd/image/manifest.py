@@ -62,17 +62,21 @@ def list_files(directory: Path) -> list[Path]:
 
 
 def checksum_entries(
-    directory: Path, progress: Callable[[int], None] | None = None, files: list[Path] | None = None
+    directory: Path,
+    progress: Callable[[int], None] | None = None,
+    files: list[Path] | None = None,
+    known: dict[Path, str] | None = None,
 ) -> list[dict[str, Any]]:
     """Size and checksum of every file under directory (or of `files`,
-    already listed from it)."""
+    already listed from it); `known` holds checksums already computed."""
     entries = []
     for p in list_files(directory) if files is None else files:
+        digest = (known or {}).get(p)
         entries.append(
             {
                 "path": str(p.relative_to(directory)),
                 "size": p.stat().st_size,
-                ALGORITHM: hash_file(p, progress),
+                ALGORITHM: digest if digest is not None else hash_file(p, progress),
             }
         )
     return entries

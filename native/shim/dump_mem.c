@@ -573,7 +573,8 @@ int ck_dump_memory(struct ck_image *im, uint64_t *pages_bytes, uint64_t *files_b
 
     /* renamed to pages.img once complete (writeout.c); locked until then,
      * so that the agent can wait for a writer whose parent is gone */
-    m.pages_fd = (int)ck_openat(im->dirfd, "pages.img.part", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    /* read as well: the writer hashes what the pause wrote (checksum.c) */
+    m.pages_fd = (int)ck_openat(im->dirfd, "pages.img.part", O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (m.pages_fd < 0)
         return ck_image_fail(im, "cannot create pages.img", 0, m.pages_fd);
     im->pages_fd = m.pages_fd;

@@ -167,6 +167,23 @@ int ck_writeout_mode(void) CK_HIDDEN;  /* how the last ck_writeout_start did it 
 int ck_writeout_flush(char *err, size_t errcap) CK_HIDDEN;
 void ck_writeout_discard(void) CK_HIDDEN;
 
+/* ---- checksum.c: pages.img's xxh3-128, computed by the writer ---- */
+/* the digest the writer leaves on pages.img ("HEX SIZE"); the agent reads
+ * it (ckptd/image/checksum.py WRITER_XATTR) */
+#define CK_CHECKSUM_XATTR "user.ckptd.xxh3_128"
+struct ck_checksum {
+    int on;       /* 0: not hashing (no library, or out of order) */
+    uint64_t at;  /* the file offset hashed up to */
+};
+void ck_checksum_load(void) CK_HIDDEN;  /* in the constructor: dlopen libxxhash */
+int ck_checksum_start(struct ck_checksum *s) CK_HIDDEN;
+/* bytes at file offset `off`; anything but the next offset stops the hash */
+void ck_checksum_add(struct ck_checksum *s, uint64_t off, const void *p, uint64_t len) CK_HIDDEN;
+/* bytes already in the file, read back through buf */
+int ck_checksum_add_file(struct ck_checksum *s, int fd, char *buf, size_t cap, uint64_t off, uint64_t len) CK_HIDDEN;
+/* the digest onto fd's file if all of it was hashed (best effort) */
+void ck_checksum_finish(struct ck_checksum *s, int fd) CK_HIDDEN;
+
 /* ---- dump_mem.c ---- */
 /* read smaps while the job still runs: parsing it is slow for big mappings */
 int ck_premaps_capture(void) CK_HIDDEN;
