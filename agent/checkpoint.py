@@ -362,6 +362,7 @@ class Checkpointer:
                 base=request.parent,
                 image="/".join(parts),
                 depth=len(parts),
+                cached=int(request.keep_cached),
             )
         except ShimError as e:
             what = f"pid {conn.pid} in the job ({conn.exe}): {e.message}"

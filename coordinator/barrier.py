@@ -200,6 +200,7 @@ class CheckpointRound:
                     parent=parent,
                     name=name,
                     part=f"rank-{t.rank.rank}" if t.rank else "",
+                    keep_cached=bool(record.spec.dedup and t.rank),
                 ),
                 LONG_RPC_S,
             )

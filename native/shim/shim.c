@@ -273,12 +273,13 @@ static void finish_restore(void)
 
 static void handle_dump(char *line)
 {
-    static char dirbuf[4096], base[256], image[CK_SOURCE_PATH + 2], depth[16];  /* too long an image name: detected, not cut */
+    static char dirbuf[4096], base[256], image[CK_SOURCE_PATH + 2], depth[16], cached[4];  /* too long an image name: detected, not cut */
     struct ck_dump_args a;
     a.dir = msg_copy(line, "dir", dirbuf, sizeof(dirbuf));
     a.base = msg_copy(line, "base", base, sizeof(base));
     a.self = msg_copy(line, "image", image, sizeof(image));
     a.depth = msg_copy(line, "depth", depth, sizeof(depth)) ? (uint32_t)ck_parse_u64(depth, 10, 0) : 0;
+    a.keep_cached = msg_copy(line, "cached", cached, sizeof(cached)) && cached[0] == '1';
     const char *dir = a.dir;
     char err[CK_ERR_CAP];
     struct ck_dump_stats st;

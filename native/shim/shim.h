@@ -105,6 +105,7 @@ struct ck_dump_args {
     const char *base;
     const char *self;
     uint32_t depth;
+    int keep_cached;  /* 1: the agent reads pages.img again (dedup): the writer leaves it cached */
 };
 int ck_dump(const struct ck_dump_args *a, struct ck_dump_stats *st, char *err, size_t errcap) CK_HIDDEN;
 
@@ -115,6 +116,7 @@ struct ck_image {
     int diag_fd;              /* NETLINK_SOCK_DIAG while descriptors are described */
     int own_fds[8];           /* the shim's descriptors: never part of the image */
     int n_own_fds;
+    int keep_cached;          /* ck_dump_args.keep_cached */
     struct ck_proc proc;
     struct ck_table threads, vmas, runs, fds, epoll, pending, files, strings, blob, sources;
     char auxv[1024];

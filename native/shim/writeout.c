@@ -256,8 +256,9 @@ static int hashed_put(struct hashed_out *o, uint64_t off, const char *src, uint6
 
 static int write_later_runs_hashed(struct ck_image *im, int fd, struct ck_checksum *sum)
 {
-    /* what it hashed the agent does not read back: it need not stay cached */
-    struct hashed_out o = {fd, 0, 0, {0, 0, 1}, sum};
+    /* what it hashed the agent does not read back (but to deduplicate): it
+     * need not stay cached */
+    struct hashed_out o = {fd, 0, 0, {0, 0, !im->keep_cached}, sum};
     int mem_fd = -1, rc = 0;
     for (size_t vi = 0; vi < im->vmas.count && rc == 0; vi++) {
         const struct ck_vma *v = ck_table_at(&im->vmas, vi);
