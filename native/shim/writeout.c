@@ -153,58 +153,99 @@ static void follow_writeback(int fd, struct writeback *w, uint64_t end)
     w->dropped = upto;
 }
 
-/* every run this image holds itself, of the mappings left for later */
+/* Calls fn on every page run of the mappings left for later (of every
+ * mapping: all), in file order, and stops at the first nonzero return.
+ * Runs of an earlier image (r->src) come too: most callers skip them. */
+typedef int (*run_fn)(void *ctx, const struct ck_vma *v, const struct ck_page_run *r);
+
+static int each_run(struct ck_image *im, int all, run_fn fn, void *ctx)
+{
+    for (size_t vi = 0; vi < im->vmas.count; vi++) {
+        const struct ck_vma *v = ck_table_at(&im->vmas, vi);
+        if (!all && !ck_vma_written_later(v))
+            continue;
+        for (uint64_t ri = v->first_run; ri < v->first_run + v->nruns; ri++) {
+            int rc = fn(ctx, v, ck_table_at(&im->runs, ri));
+            if (rc)
+                return rc;
+        }
+    }
+    return 0;
+}
+
+/* the pages of run r, of a PROT_NONE mapping, through /proc/self/mem
+ * (opened once, into *mem_fd) and `bounce` */
+static int write_unreadable(int fd, int *mem_fd, const struct ck_page_run *r)
+{
+    if (*mem_fd < 0)
+        *mem_fd = (int)ck_open("/proc/self/mem", O_RDONLY | O_CLOEXEC, 0);
+    if (*mem_fd < 0)
+        return *mem_fd;
+    return ck_copy_unreadable(fd, *mem_fd, bounce, r->vaddr, r->npages * CK_PAGE_SIZE, r->offset);
+}
+
+/* Every run this image holds itself, of the mappings left for later,
+ * written from where it lies in memory, up to CK_IOV_BATCH runs per
+ * pwritev. */
+struct direct_out {
+    int fd;
+    int mem_fd;
+    int n;           /* iovecs pending */
+    uint64_t first;  /* their file offset */
+    uint64_t len;
+    struct writeback wb;
+    struct ck_iov *iov;
+};
+
+static int direct_flush(struct direct_out *o)
+{
+    if (!o->n)
+        return 0;
+    int rc = ck_pwritev_all(o->fd, o->iov, o->n, o->first);
+    follow_writeback(o->fd, &o->wb, o->first + o->len);
+    o->n = 0;
+    o->len = 0;
+    return rc;
+}
+
+static int direct_run(void *ctx, const struct ck_vma *v, const struct ck_page_run *r)
+{
+    struct direct_out *o = ctx;
+    uint64_t size = r->npages * CK_PAGE_SIZE;
+    if (r->src)
+        return 0;  /* an earlier image's pages */
+    if (!(v->prot & PROT_READ)) {
+        int rc = direct_flush(o);
+        return rc ? rc : write_unreadable(o->fd, &o->mem_fd, r);
+    }
+    /* in pieces of at most WRITEBACK_STEP, so writeback follows the writer */
+    for (uint64_t done = 0; done < size;) {
+        uint64_t piece = size - done < WRITEBACK_STEP ? size - done : WRITEBACK_STEP;
+        if (o->n && (o->n == CK_IOV_BATCH || o->first + o->len != r->offset + done || o->len >= WRITEBACK_STEP)) {
+            int rc = direct_flush(o);
+            if (rc)
+                return rc;
+        }
+        if (!o->n)
+            o->first = r->offset + done;
+        o->iov[o->n].base = (const void *)(r->vaddr + done);
+        o->iov[o->n].len = piece;
+        o->n++;
+        o->len += piece;
+        done += piece;
+    }
+    return 0;
+}
+
 static int write_later_runs(struct ck_image *im, int fd)
 {
     static struct ck_iov iov[CK_IOV_BATCH];
-    int n = 0, mem_fd = -1, rc = 0;
-    uint64_t first = 0, len = 0;
-    struct writeback wb = {0, 0, 0};
-    for (size_t vi = 0; vi < im->vmas.count && rc == 0; vi++) {
-        const struct ck_vma *v = ck_table_at(&im->vmas, vi);
-        if (!ck_vma_written_later(v))
-            continue;
-        for (uint64_t ri = v->first_run; ri < v->first_run + v->nruns && rc == 0; ri++) {
-            const struct ck_page_run *r = ck_table_at(&im->runs, ri);
-            uint64_t size = r->npages * CK_PAGE_SIZE;
-            if (r->src)
-                continue;  /* an earlier image's pages */
-            if (!(v->prot & PROT_READ)) {
-                if (n)
-                    rc = ck_pwritev_all(fd, iov, n, first);
-                n = 0;
-                len = 0;
-                if (mem_fd < 0)
-                    mem_fd = (int)ck_open("/proc/self/mem", O_RDONLY | O_CLOEXEC, 0);
-                if (rc == 0)
-                    rc = mem_fd < 0 ? mem_fd : ck_copy_unreadable(fd, mem_fd, bounce, r->vaddr, size, r->offset);
-                continue;
-            }
-            /* in pieces of at most WRITEBACK_STEP, so writeback follows the writer */
-            for (uint64_t done = 0; done < size && rc == 0;) {
-                uint64_t piece = size - done < WRITEBACK_STEP ? size - done : WRITEBACK_STEP;
-                if (n && (n == CK_IOV_BATCH || first + len != r->offset + done || len >= WRITEBACK_STEP)) {
-                    rc = ck_pwritev_all(fd, iov, n, first);
-                    follow_writeback(fd, &wb, first + len);
-                    n = 0;
-                    len = 0;
-                    if (rc)
-                        break;
-                }
-                if (!n)
-                    first = r->offset + done;
-                iov[n].base = (const void *)(r->vaddr + done);
-                iov[n].len = piece;
-                n++;
-                len += piece;
-                done += piece;
-            }
-        }
-    }
-    if (rc == 0 && n)
-        rc = ck_pwritev_all(fd, iov, n, first);
-    if (mem_fd >= 0)
-        ck_close(mem_fd);
+    struct direct_out o = {fd, -1, 0, 0, 0, {0, 0, 0}, iov};
+    int rc = each_run(im, 0, direct_run, &o);
+    if (rc == 0)
+        rc = direct_flush(&o);
+    if (o.mem_fd >= 0)
+        ck_close(o.mem_fd);
     return rc;
 }
 
@@ -216,6 +257,7 @@ static int write_later_runs(struct ck_image *im, int fd)
  * wrote are read back from the file, in their place in the file's order. */
 struct hashed_out {
     int fd;
+    int mem_fd;
     uint64_t off;  /* the file offset of bounce[0] */
     size_t fill;
     struct writeback wb;
@@ -254,38 +296,33 @@ static int hashed_put(struct hashed_out *o, uint64_t off, const char *src, uint6
     return rc;
 }
 
+static int hashed_run(void *ctx, const struct ck_vma *v, const struct ck_page_run *r)
+{
+    struct hashed_out *o = ctx;
+    uint64_t size = r->npages * CK_PAGE_SIZE;
+    int later = ck_vma_written_later(v);
+    if (r->src)
+        return 0;  /* an earlier image's pages */
+    if (later && (v->prot & PROT_READ))
+        return hashed_put(o, r->offset, (const char *)r->vaddr, size);
+    int rc = hashed_flush(o);  /* bounce is needed below */
+    if (rc == 0 && later)
+        rc = write_unreadable(o->fd, &o->mem_fd, r);
+    if (rc == 0)  /* written during the pause, or just now */
+        rc = ck_checksum_add_file(o->sum, o->fd, bounce, BOUNCE_SIZE, r->offset, size);
+    return rc;
+}
+
 static int write_later_runs_hashed(struct ck_image *im, int fd, struct ck_checksum *sum)
 {
     /* what it hashed the agent does not read back (but to deduplicate): it
      * need not stay cached */
-    struct hashed_out o = {fd, 0, 0, {0, 0, !im->keep_cached}, sum};
-    int mem_fd = -1, rc = 0;
-    for (size_t vi = 0; vi < im->vmas.count && rc == 0; vi++) {
-        const struct ck_vma *v = ck_table_at(&im->vmas, vi);
-        int later = ck_vma_written_later(v);
-        for (uint64_t ri = v->first_run; ri < v->first_run + v->nruns && rc == 0; ri++) {
-            const struct ck_page_run *r = ck_table_at(&im->runs, ri);
-            uint64_t size = r->npages * CK_PAGE_SIZE;
-            if (r->src)
-                continue;  /* an earlier image's pages */
-            if (later && (v->prot & PROT_READ)) {
-                rc = hashed_put(&o, r->offset, (const char *)r->vaddr, size);
-                continue;
-            }
-            rc = hashed_flush(&o);  /* bounce is needed below */
-            if (rc == 0 && later) {  /* PROT_NONE: through /proc/self/mem */
-                if (mem_fd < 0)
-                    mem_fd = (int)ck_open("/proc/self/mem", O_RDONLY | O_CLOEXEC, 0);
-                rc = mem_fd < 0 ? mem_fd : ck_copy_unreadable(fd, mem_fd, bounce, r->vaddr, size, r->offset);
-            }
-            if (rc == 0)  /* written during the pause, or just now */
-                rc = ck_checksum_add_file(sum, fd, bounce, BOUNCE_SIZE, r->offset, size);
-        }
-    }
+    struct hashed_out o = {fd, -1, 0, 0, {0, 0, !im->keep_cached}, sum};
+    int rc = each_run(im, 1, hashed_run, &o);
     if (rc == 0)
         rc = hashed_flush(&o);
-    if (mem_fd >= 0)
-        ck_close(mem_fd);
+    if (o.mem_fd >= 0)
+        ck_close(o.mem_fd);
     return rc;
 }
 
@@ -311,22 +348,27 @@ __attribute__((noreturn)) static void writer_main(struct ck_image *im)
  * process that changed little is written faster than it is forked. */
 static uint64_t stage_wanted;  /* the staging area a next incremental image may need */
 
+struct run_sizes {
+    uint64_t mapped;    /* what the runs cover */
+    uint64_t to_write;  /* what this image holds itself */
+};
+
+static int add_run_size(void *ctx, const struct ck_vma *v, const struct ck_page_run *r)
+{
+    struct run_sizes *s = ctx;
+    (void)v;
+    s->mapped += r->npages * CK_PAGE_SIZE;
+    if (!r->src)
+        s->to_write += r->npages * CK_PAGE_SIZE;
+    return 0;
+}
+
 static int cheaper_to_write_now(struct ck_image *im)
 {
-    uint64_t mapped = 0, to_write = 0;
-    for (size_t vi = 0; vi < im->vmas.count; vi++) {
-        const struct ck_vma *v = ck_table_at(&im->vmas, vi);
-        if (!ck_vma_written_later(v))
-            continue;
-        for (uint64_t ri = v->first_run; ri < v->first_run + v->nruns; ri++) {
-            const struct ck_page_run *r = ck_table_at(&im->runs, ri);
-            mapped += r->npages * CK_PAGE_SIZE;
-            if (!r->src)
-                to_write += r->npages * CK_PAGE_SIZE;
-        }
-    }
-    stage_wanted = mapped / 50;
-    return to_write * 50 < mapped;
+    struct run_sizes s = {0, 0};
+    (void)each_run(im, 0, add_run_size, &s);
+    stage_wanted = s.mapped / 50;
+    return s.to_write * 50 < s.mapped;
 }
 
 #ifndef MADV_POPULATE_WRITE
@@ -347,47 +389,56 @@ static void prefault_stage(void)
 
 /* Copy the runs write_later_runs would write into the staging area; 0, or
  * -1 when they do not fit or one is unreadable (nothing is kept). */
+struct stage_fill {
+    struct staged_piece *index;
+    char *data;  /* after the index */
+    uint64_t max_pieces, room;
+    uint64_t n, used, end;  /* pieces, bytes, the file offset the last piece ends at */
+    int copy;               /* 0: only check that it all fits */
+};
+
+static int stage_run(void *ctx, const struct ck_vma *v, const struct ck_page_run *r)
+{
+    struct stage_fill *s = ctx;
+    uint64_t size = r->npages * CK_PAGE_SIZE;
+    if (r->src)
+        return 0;
+    if (!(v->prot & PROT_READ))
+        return -1;  /* PROT_NONE: /proc/self/mem, during the pause */
+    if (s->n && s->end == r->offset) {
+        if (s->copy)
+            s->index[s->n - 1].len += size;
+    } else {
+        if (s->n == s->max_pieces)
+            return -1;
+        if (s->copy)
+            s->index[s->n] = (struct staged_piece){r->offset, size};
+        s->n++;
+    }
+    if (s->used + size > s->room)
+        return -1;
+    if (s->copy)
+        __builtin_memcpy(s->data + s->used, (const void *)r->vaddr, size);
+    s->used += size;
+    s->end = r->offset + size;
+    return 0;
+}
+
 static int stage_runs(struct ck_image *im)
 {
     size_t cap;
     char *area = ck_arena_stage(&cap);
     if (!area)
         return -1;
-    struct staged_piece *index = (struct staged_piece *)area;
-    uint64_t max_pieces = STAGE_INDEX / sizeof(*index), room = cap - STAGE_INDEX, n = 0;
-    for (int pass = 0; pass < 2; pass++) {  /* first check that it all fits, then copy */
-        uint64_t used = 0;
-        n = 0;
-        for (size_t vi = 0; vi < im->vmas.count; vi++) {
-            const struct ck_vma *v = ck_table_at(&im->vmas, vi);
-            if (!ck_vma_written_later(v))
-                continue;
-            for (uint64_t ri = v->first_run; ri < v->first_run + v->nruns; ri++) {
-                const struct ck_page_run *r = ck_table_at(&im->runs, ri);
-                uint64_t size = r->npages * CK_PAGE_SIZE;
-                if (r->src)
-                    continue;
-                if (!(v->prot & PROT_READ))
-                    return -1;  /* PROT_NONE: /proc/self/mem, during the pause */
-                if (n && index[n - 1].off + index[n - 1].len == r->offset) {
-                    if (pass)
-                        index[n - 1].len += size;
-                } else {
-                    if (n == max_pieces)
-                        return -1;
-                    if (pass)
-                        index[n] = (struct staged_piece){r->offset, size};
-                    n++;
-                }
-                if (pass)
-                    __builtin_memcpy(area + STAGE_INDEX + used, (const void *)r->vaddr, size);
-                used += size;
-            }
-        }
-        if (!pass && used > room)
-            return -1;
-    }
-    staged.npieces = n;
+    struct stage_fill s = {(struct staged_piece *)area, area + STAGE_INDEX, STAGE_INDEX / sizeof(struct staged_piece),
+                           cap - STAGE_INDEX, 0, 0, 0, 0};
+    if (each_run(im, 0, stage_run, &s) != 0)  /* first check that it all fits, then copy */
+        return -1;
+    s.n = s.used = s.end = 0;
+    s.copy = 1;
+    if (each_run(im, 0, stage_run, &s) != 0)
+        return -1;
+    staged.npieces = s.n;
     return 0;
 }
 
