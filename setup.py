@@ -68,6 +68,7 @@ setup(
             "_native/ckptd-restore",
             "_native/ckptd-init",
             "_native/layout-dump",
+            "_native/ckptd-crypt",
             "_native/image_format.h",
             "py.typed",
         ],

@@ -40,11 +40,13 @@ from ckptd.errors import CkptdError, Code
 from ckptd.image import dedup
 from ckptd.image.checksum import ALGORITHM, IdentityCache, fsync_path, writer_digest
 from ckptd.image.core import CoreImage
+from ckptd.image.crypt import seal_into
 from ckptd.image.manifest import checksum_entries, list_files
 from ckptd.image.plan import PlanError, plan_for_checkpoint
 from ckptd.v1 import ckptd_pb2 as pb
 
 from .gpu import DeviceMemory, cuda_pids
+from .owner import Owner, check_owned_tree, give_dir, open_to_owner
 from .progress import Transfer, Transfers, resident_anon
 from .runtime import JobRuntime, exe_of, ns_pid
 from .shim_link import ShimConnection, ShimError
@@ -342,11 +344,14 @@ class Checkpointer:
         if reply.int("stuck"):
             log.info("pid %d: %d TCP socket(s) keep unsent bytes (a full window)", conn.pid, reply.int("stuck"))
 
-    def _dump_one(self, conn: ShimConnection, request: pb.DumpRequest) -> pb.ProcessDump:
+    def _dump_one(
+        self, conn: ShimConnection, request: pb.DumpRequest, owner: Owner, key: bytes | None = None
+    ) -> pb.ProcessDump:
         directory = request.dir
         pdir = Path(directory) / f"proc-{conn.pid}"
         try:
             pdir.mkdir(parents=True, exist_ok=False)
+            give_dir(pdir, owner)  # the process writes its image there as the job's owner
         except OSError as e:
             raise _storage_error(f"{e.strerror} (errno {e.errno})", directory) from e
         # the image's final place, relative to the job's directory: a later
@@ -363,6 +368,8 @@ class Checkpointer:
                 image="/".join(parts),
                 depth=len(parts),
                 cached=int(request.keep_cached),
+                # launch --encrypt: the shim encrypts with it and keeps it nowhere an image holds
+                **({"key": key.hex()} if key else {}),
             )
         except ShimError as e:
             what = f"pid {conn.pid} in the job ({conn.exe}): {e.message}"
@@ -412,12 +419,20 @@ class Checkpointer:
         # incremental one holds is known only once written
         total = 0 if request.parent else sum(resident_anon(c.host_pid) for c in conns)
         writing = Transfer("writing", total, probe=lambda: _bytes_under(Path(request.dir)))
+        if job.owner.switch:  # the job's processes, as its owner, pass through the round's directories
+            rdir = Path(request.dir)
+            try:
+                for d in (rdir.parent, rdir) if rdir.name.startswith("rank-") else (rdir,):
+                    open_to_owner(d, job.owner)
+            except OSError as err:
+                raise _storage_error(f"{err.strerror} (errno {err.errno})", request.dir) from err
         with (
             self.transfers.running(job.name, writing),
             ThreadPoolExecutor(max_workers=min(len(conns), DUMP_PARALLEL)) as pool,
         ):
             # every process is parked: they write their images side by side
-            futures = [pool.submit(self._dump_one, conn, request) for conn in conns]
+            key = job.key()  # re-read each time: never kept on disk by ckptd
+            futures = [pool.submit(self._dump_one, conn, request, job.owner, key) for conn in conns]
             errors = [e for f in futures if (e := f.exception()) is not None]
             if errors:
                 raise errors[0]
@@ -495,6 +510,8 @@ class Checkpointer:
         A process that exited meanwhile leaves its writer running on; its
         lock on pages.img.part says when it is done."""
         conns = {c.host_pid: c for c in self._writing.pop(job.name, [])}
+        key = job.key()  # staged pages are encrypted when FLUSH writes them
+        flush_fields = {"key": key.hex()} if key else {}
 
         def one(pd: pb.ProcessDump) -> None:
             pdir = d / pd.dir
@@ -502,7 +519,7 @@ class Checkpointer:
             failure = ""
             if conn is not None and not conn.closed.is_set():
                 try:
-                    conn.request("FLUSH", timeout=DUMP_TIMEOUT_S)
+                    conn.request("FLUSH", timeout=DUMP_TIMEOUT_S, **flush_fields)
                 except ShimError as e:
                     # one that exited meanwhile (a short-lived worker, say) left
                     # its writer to finish, or finished it on its way out
@@ -610,6 +627,8 @@ class Checkpointer:
         warming = self._warm_identities(d, dumps)
         self._wait_for_pages(job, d, dumps)
         warming.join()
+        for pd in dumps:  # written as the job's owner, read here as root: nothing but its own files
+            check_owned_tree(d / pd.dir, job.owner)
         t_pages = time.monotonic()
         deduped = self._dedup(job, d, dumps, dedup_with, dedup_with_final) if dedup_with else 0
         cuda = self._cuda_dumped.pop(job.name, set())
@@ -623,8 +642,9 @@ class Checkpointer:
         # the log as it stood at the checkpoint, so that a restart from it
         # recovers it even after a restart from an earlier one cut it back
         try:
-            copy_prefix(job.job_dir.log, d / "output.log", log_bytes)
-            copy_prefix(job.job_dir.index, d / "output.idx", index_bytes)
+            key = job.key()
+            copy_prefix(job.job_dir.log, d / "output.log", log_bytes, key)
+            copy_prefix(job.job_dir.index, d / "output.idx", index_bytes, key)
         except OSError as e:
             raise _storage_error(f"cannot save the job's log: {e.strerror} (errno {e.errno})", directory) from e
         depends_on = _depends_on(d, dumps, everyone=bool(deduped))
@@ -714,9 +734,21 @@ class Checkpointer:
         }
 
 
-def copy_prefix(src: Path, dst: Path, size: int) -> None:
-    """The first `size` bytes of src into a new file dst."""
-    with open(src, "rb") as fin, open(dst, "wb") as fout:
+def copy_prefix(src: Path, dst: Path, size: int, key: bytes | None = None) -> None:
+    """The first `size` bytes of src into a new file dst (never through a
+    symlink: the checkpoint storage may be shared with other users); with
+    key, sealed (dst and dst.gcm, ckptd/image/crypt.py)."""
+    if key is not None:
+        with open(os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb") as fin:
+            data = fin.read(size)
+        if len(data) < size:
+            raise OSError(5, f"{src} is shorter than {size} bytes")
+        seal_into(key, data, dst)
+        return
+    with (
+        open(os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb") as fin,
+        open(os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600), "wb") as fout,
+    ):
         left = size
         while left:
             n = os.copy_file_range(fin.fileno(), fout.fileno(), left) if _same_fs(fin, fout) else 0

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ckptd.errors import CkptdError, Code
+from ckptd.image.crypt import key_memfd
 from ckptd.native import restorer_binary
 
 from .shim_link import ShimConnection, ShimError
@@ -70,6 +71,7 @@ class LazyFill:
     cancelled: bool = False  # kill_all: the job goes anyway, for another reason
     started: float = field(default_factory=time.monotonic)
     seconds: float = 0.0
+    key: bytes | None = field(default=None, repr=False)  # launch --encrypt: handed over in a memfd
 
     def start(self, conns: list[ShimConnection], image_dirs: dict[int, Path], work: Path) -> None:
         """One pager per process that has lazily mapped memory; raises
@@ -85,6 +87,7 @@ class LazyFill:
                     f"cannot take process {conn.host_pid}'s userfaultfd for the lazy restore ({e}); "
                     "restart without --lazy",
                 ) from None
+            key_fd = key_memfd(self.key) if self.key else None
             status = work / f"lazy-{conn.pid}.status"
             out = work / f"lazy-{conn.pid}.out"
             try:
@@ -101,14 +104,17 @@ class LazyFill:
                             # tests: slow the background fill so the job's own
                             # changes to its memory land while it runs
                             *(["--fill-delay-ms", FILL_DELAY_MS] if FILL_DELAY_MS else []),
+                            *(["--key-fd", str(key_fd)] if key_fd is not None else []),
                         ],
-                        pass_fds=(fd,),
+                        pass_fds=(fd,) if key_fd is None else (fd, key_fd),
                         stdin=subprocess.DEVNULL,
                         stdout=stdout,
                         start_new_session=True,  # not in the agent's process group
                     )
             finally:
                 os.close(fd)
+                if key_fd is not None:
+                    os.close(key_fd)
             self.pagers.append(Pager(conn, proc, status, out))
         if not self.pagers:
             self.done.set()

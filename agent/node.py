@@ -9,17 +9,20 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from ckptd import limits
 from ckptd.errors import CkptdError, Code
 from ckptd.image.checksum import IdentityCache
-from ckptd.paths import Home
+from ckptd.paths import Home, write_private
 from ckptd.rpc import call, coordinator_stub
 from ckptd.v1 import ckptd_pb2 as pb
 
 from . import rank_net
 from .checkpoint import Checkpointer
 from .health import node_health
+from .owner import Owner, check_storage, resolve_owner
+from .owner import shim_socket as owner_shim_socket
 from .progress import Transfers
-from .restore import restore_job, resume_restored, verify_checkpoint
+from .restore import check_checkpoint_dir, restore_job, resume_restored, verify_checkpoint
 from .runtime import RUNNING_STATES, Incarnation, JobRuntime, job_dir_of, spec_from_json, spec_to_json
 from .shim_link import ShimConnection, ShimServer
 
@@ -40,6 +43,21 @@ def _fill(arg: str, spec: pb.JobSpec) -> str:
     )
 
 
+def check_names(spec: pb.JobSpec) -> None:
+    """A job's names become paths on this node (its checkpoint and runtime
+    directories): whoever calls, a name that could leave them ('/', '..')
+    is refused here (INVALID_ARGUMENT)."""
+    if spec.rank.job:
+        limits.check_job_name(spec.rank.job)
+        valid = spec.name == f"{spec.rank.job}@{spec.rank.rank}"
+    else:
+        valid = limits.valid_job_name(spec.name)
+    if not valid:
+        limits.check_job_name(spec.name)  # raises: says what a name may be
+    if not os.path.isabs(spec.ckpt_dir):
+        raise CkptdError(Code.INVALID_ARGUMENT, f"the checkpoint directory {spec.ckpt_dir!r} is not an absolute path")
+
+
 class AgentNode:
     def __init__(self, home: Home, node: str, address: str, coordinator: str, ip: str = "") -> None:
         self.home = home
@@ -53,6 +71,7 @@ class AgentNode:
         self.transfers = Transfers()  # bytes moved by each job's checkpoint or restart in flight
         self.checkpointer = Checkpointer(self.identities, self.transfers)
         self.shim_server = ShimServer(home.shim_socket(node), self._on_hello, self._on_close)
+        self.owner_shims: dict[int, ShimServer] = {}  # jobs of other users: one socket per user (owner.py)
         self._coordinator = coordinator_stub(coordinator)
         self._stop = threading.Event()
         self._events: list[pb.JobStatus] = []
@@ -73,6 +92,8 @@ class AgentNode:
     def stop(self) -> None:
         self._stop.set()
         self.shim_server.stop()
+        for server in list(self.owner_shims.values()):
+            server.stop()
         with self._events_cv:
             self._events_cv.notify_all()
 
@@ -183,6 +204,11 @@ class AgentNode:
         if job is None:
             log.warning("process %d says it belongs to unknown job %r; ignoring it", conn.host_pid, conn.job)
             return
+        why = job.refuses(conn)  # SO_PEERCRED: its uid, and its place in the job's process tree
+        if why:
+            log.warning("process %d says it belongs to job %s, but %s; ignoring it", conn.host_pid, job.name, why)
+            conn.close()
+            return
         with job.cond:
             job.shims[conn.host_pid] = conn
             job.cond.notify_all()
@@ -212,8 +238,23 @@ class AgentNode:
     def _spec_file(self, name: str) -> Path:
         return self.home.agent_dir(self.node) / "jobs" / name / "spec.json"
 
-    def _track(self, spec: pb.JobSpec) -> JobRuntime:
-        job = JobRuntime(self.home, self.node, spec, self._on_change)
+    def _shim_socket(self, job: JobRuntime) -> None:
+        """Another user's job reaches the agent through that user's own shim socket."""
+        owner = job.owner
+        if not owner.switch:
+            return
+        with self.lock:
+            server = self.owner_shims.get(owner.uid)
+            if server is None:
+                path = owner_shim_socket(self.home, self.node, owner)
+                server = ShimServer(path, self._on_hello, self._on_close, owner=(owner.uid, owner.gid))
+                server.start()
+                self.owner_shims[owner.uid] = server
+        job.shim_socket = server.path
+
+    def _track(self, spec: pb.JobSpec, owner: Owner | None = None) -> JobRuntime:
+        job = JobRuntime(self.home, self.node, spec, self._on_change, owner)
+        self._shim_socket(job)
         path = self._spec_file(spec.name)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(spec_to_json(spec))
@@ -237,7 +278,12 @@ class AgentNode:
             except (OSError, ValueError, TypeError) as e:
                 log.warning("cannot read %s: %s", spec_file, e)
                 continue
-            job = JobRuntime(self.home, self.node, spec, self._on_change)
+            try:
+                job = JobRuntime(self.home, self.node, spec, self._on_change)
+                self._shim_socket(job)
+            except CkptdError as e:
+                log.warning("cannot re-adopt job %s: %s", spec.name, e.message)
+                continue
             if job.adopt(inc):
                 with self.lock:
                     self.jobs[spec.name] = job
@@ -251,6 +297,8 @@ class AgentNode:
         return job
 
     def start_job(self, spec: pb.JobSpec) -> JobRuntime:
+        check_names(spec)
+        owner = resolve_owner(spec.owner, self.node)  # before anything is made for the job
         if not spec.argv:
             raise CkptdError(Code.INVALID_ARGUMENT, "no command to run")
         with self.lock:
@@ -258,12 +306,13 @@ class AgentNode:
         if old is not None and old.alive():
             raise CkptdError(Code.ALREADY_EXISTS, f"job {spec.name} is already running on {self.node}")
         jd = job_dir_of(spec)
+        check_storage(Path(spec.ckpt_dir), owner, self.node)
+        jd.ensure(spec.ckpt_dir, owner.uid)
         try:
-            jd.path.mkdir(parents=True, exist_ok=True)
-            jd.spec_file.write_text(spec_to_json(spec))
+            write_private(jd.spec_file, spec_to_json(spec))
         except OSError as e:
             raise CkptdError(Code.PERMISSION_DENIED, f"cannot create the job directory {jd.path}: {e.strerror}") from e
-        job = self._track(spec)
+        job = self._track(spec, owner)
         job.netns = self._rank_network(spec, carrier=True)
         job.spawn([_fill(a, spec) for a in spec.argv], restore=False)
         return job
@@ -302,6 +351,8 @@ class AgentNode:
     def restore(
         self, spec: pb.JobSpec, checkpoint: Path, allow_changed: bool, hold: bool = False, lazy: bool = False
     ) -> JobRuntime:
+        check_names(spec)
+        owner = resolve_owner(spec.owner, self.node)
         with self.lock:
             job = self.jobs.get(spec.name)
         if job is not None and job.alive():
@@ -310,10 +361,11 @@ class AgentNode:
                 f"job {spec.name} is still running on {self.node} (pids {job.live_pids()}); "
                 "use --force to kill it first",
             )
+        check_checkpoint_dir(spec, checkpoint)  # the job's own checkpoint, in its own directory
         verified = verify_checkpoint(spec.name, checkpoint, allow_changed, self.identities, self.transfers)
-        job = self._track(spec)
+        job = self._track(spec, owner)
         try:
-            job_dir_of(spec).path.mkdir(parents=True, exist_ok=True)
+            job_dir_of(spec).ensure(spec.ckpt_dir, owner.uid)
             # a rank's link stays down until every rank is rebuilt: no segment
             # may reach a peer whose connection does not exist yet (a reset)
             job.netns = self._rank_network(spec, carrier=not hold)

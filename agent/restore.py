@@ -1,8 +1,10 @@
 """Restoring a job on this node from a committed checkpoint.
 
-Nothing is touched until the checkpoint is proven whole and the node proven
-able to take it:
-  1. the manifest's digest and every file's size and checksum;
+Nothing is touched until the checkpoint is proven whole and authentic and
+the node proven able to take it:
+  0. the checkpoint is the job's own, in its own directory (check_checkpoint_dir);
+  1. the manifest's digest and MAC (ckptd/image/seal.py), every file's size
+     and checksum, and the files it would write (agent/rollback.py);
   2. the files the job maps (libraries, its executable) and reads are the
      ones it had, by size and content: code must match exactly, other files
      may differ only with --allow-changed-files;
@@ -37,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import pwd
 import threading
 import time
 from dataclasses import dataclass
@@ -46,16 +49,19 @@ from typing import Any
 from ckptd.errors import CkptdError, Code
 from ckptd.image.checksum import ALGORITHM, IdentityCache
 from ckptd.image.core import CoreImage
+from ckptd.image.crypt import key_memfd
 from ckptd.image.manifest import PendingChecksum, check_pending, load_manifest, verify_files
 from ckptd.image.plan import PlanError, plan_for_checkpoint
 from ckptd.image.transfer import is_memory_image  # checked while the restore reads it (module doc)
 from ckptd.native import restorer_binary
-from ckptd.paths import Home
+from ckptd.nofollow import UnsafePath, open_dir
+from ckptd.paths import Home, JobDir, checkpoint_name, parse_checkpoint_name
+from ckptd.v1 import ckptd_pb2 as pb
 
 from . import gpu
 from .lazy import LazyFill
 from .progress import Transfer, Transfers, resident_anon
-from .rollback import WorldRollback
+from .rollback import WorldRollback, check_recorded, check_written_files
 from .runtime import RUNNING_STATES, JobRuntime
 from .shim_link import ShimConnection
 
@@ -101,6 +107,53 @@ def check_identities(manifest: dict[str, Any], allow_changed: bool, identities: 
                 f"{entry['path']}, which the job reads, {why} since the checkpoint; restore it, "
                 "or pass --allow-changed-files to continue with the new contents",
             )
+
+
+def check_checkpoint_dir(spec: pb.JobSpec, checkpoint: Path) -> None:
+    """A restore reads only a checkpoint of the job itself, in the job's own
+    directory: <ckpt_dir>/<job>/ckpt-NNNNNN (a rank's part: .../rank-R),
+    reached without a symlink (ckpt_dir is resolved when the job is
+    launched; a tiered job's checkpoints are fetched to it first)."""
+    job = spec.rank.job or spec.name
+    expected = JobDir.of(spec.ckpt_dir, job).path
+    parts = [checkpoint.name] if not spec.rank.job else [checkpoint.parent.name, checkpoint.name]
+    ckpt_id = parse_checkpoint_name(parts[0])
+    where = expected / parts[0] if spec.rank.job else expected
+    ok = (
+        Path(spec.ckpt_dir).is_absolute()
+        and ckpt_id is not None
+        and checkpoint_name(ckpt_id) == parts[0]
+        and (not spec.rank.job or parts[1] == f"rank-{spec.rank.rank}")
+        and str(checkpoint) == os.path.normpath(checkpoint)
+        and checkpoint.parent == where
+    )
+    if ok:
+        try:
+            os.close(open_dir(checkpoint, "/"))
+        except UnsafePath as e:
+            raise CkptdError(
+                Code.PERMISSION_DENIED, f"refusing checkpoint {checkpoint}: {e.why}; a restore never follows one"
+            ) from None
+        except OSError as e:
+            raise CkptdError(Code.FAILED_PRECONDITION, f"cannot open checkpoint {checkpoint}: {e.strerror}") from None
+        return
+    raise CkptdError(
+        Code.PERMISSION_DENIED,
+        f"{checkpoint} is not a checkpoint in job {job}'s own directory {expected}; "
+        "a node restores only a job's own checkpoints",
+    )
+
+
+def owner_ids(owner: str) -> tuple[int, int] | None:
+    """Whom the files a root agent creates for the job go to: its owner's
+    uid and primary group (None: this process's own user, or no owner)."""
+    if os.geteuid() != 0 or not owner:
+        return None
+    try:
+        pw = pwd.getpwnam(owner)
+    except KeyError:
+        raise CkptdError(Code.FAILED_PRECONDITION, f"user {owner}, who owns the job, is unknown on this node") from None
+    return pw.pw_uid, pw.pw_gid
 
 
 @dataclass
@@ -181,6 +234,9 @@ def verify_checkpoint(
     with transfers.running(job, verifying):
         pending = verify_files(checkpoint, manifest, verifying.add, defer=is_memory_image)
         pending += page_sources(checkpoint, manifest)
+    # the files a restart writes: ones the job wrote, where it wrote them (agent/rollback.py)
+    check_recorded(checkpoint, manifest)
+    check_written_files(checkpoint, manifest)
     check_identities(manifest, allow_changed, identities)
     try:
         plan = plan_for_checkpoint(checkpoint, manifest)
@@ -206,19 +262,32 @@ def restore_job(
     # a rank's part of a multi-node checkpoint is ckpt-N/rank-R: named as ckpt-N
     name = checkpoint.parent.name if job.spec.rank.job else checkpoint.name
     procs = manifest["processes"]
+    if lazy and job.owner.switch:
+        # its pagers would read the images as root (agent/lazy.py): not yet
+        raise CkptdError(
+            Code.FAILED_PRECONDITION,
+            f"restart --lazy of job {job.name}, which runs as user {job.owner.name}, is not supported; "
+            "restart it without --lazy",
+        )
+    # launch --encrypt: a wrong key is refused here, before anything is touched
+    key = job.key()
     work = job.home.agent_dir(job.node) / "jobs" / job.name
     work.mkdir(parents=True, exist_ok=True)
-    world = WorldRollback(work / f"undo-{name}")
+    world = WorldRollback(work / f"undo-{name}", owner_ids(job.spec.owner), key)
     started = False
     try:
         with job.cond:
             job.operation = f"restart from {name}: rolling back files"
         world.roll_back_files(checkpoint, manifest)
-        world.put_back_log(checkpoint / "output.log", job.job_dir.log)
-        world.put_back_log(checkpoint / "output.idx", job.job_dir.index)
+        root = Path(job.spec.ckpt_dir)  # below it, no symlink is followed
+        world.put_back_log(checkpoint / "output.log", job.job_dir.log, root)
+        world.put_back_log(checkpoint / "output.idx", job.job_dir.index, root)
 
-        plan = work / f"plan-{name}.txt"
-        plan.write_text(verified.plan)
+        # read by the restorer, which runs as the job's owner (agent/owner.py)
+        plan = job.work_dir / f"plan-{name}.txt"
+        with job.owner_files():
+            plan.write_text(verified.plan)
+        key_fd = key_memfd(key) if key else None
         inc = job.spawn(
             [
                 str(restorer_binary()),
@@ -227,14 +296,18 @@ def restore_job(
                 "--status-dir",
                 "{runtime_dir}",
                 "--agent-socket",
-                str(home.shim_socket(job.node)),
+                str(job.shim_socket),
                 "--checkpoint",
                 name,
                 *(["--lazy"] if lazy else []),
+                *(["--key-fd", str(key_fd)] if key_fd is not None else []),
             ],
             restore=True,
             restored_from=name,
+            keep_fd=key_fd,
         )
+        if key_fd is not None:
+            os.close(key_fd)
         started = True
         with job.cond:
             job.operation = f"restart from {name}: rebuilding {len(procs)} process(es)"
@@ -261,12 +334,12 @@ def restore_job(
                 check_pending(verified.pending, checked.add)
             conns = _wait_restored(job, inc.generation, {int(p["pid"]) for p in procs}, deadline)
         if conns is None:
-            reason = (
-                _restore_failure(Path(inc.runtime_dir)) or job.message or "the restorer did not report back in time"
-            )
+            with job.owner_files():  # the restorer wrote them, as the job's owner
+                failure = _restore_failure(Path(inc.status_dir or inc.runtime_dir))
+            reason = failure or job.message or "the restorer did not report back in time"
             raise CkptdError(Code.FAILED_PRECONDITION, f"restart of job {job.name} from {name} failed: {reason}")
         if lazy:
-            fill = LazyFill(job.name)
+            fill = LazyFill(job.name, key=key)
             job.lazy = fill
             fill.start(conns, {int(p["pid"]): checkpoint / p["dir"] for p in procs}, work)
     except BaseException as e:

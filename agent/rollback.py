@@ -6,6 +6,15 @@ Each change is journaled first (what the file held, the log's tail), so a
 restart that fails afterwards (a memory image failing its checksum, which
 is checked while the processes are rebuilt) undoes it: a failed restart
 leaves the job's files as it found them.
+
+A restart writes only where the job wrote, whatever its manifest says (the
+manifest is authenticated, see ckptd/image/seal.py; these checks hold even
+without that).  The whole list is checked before anything is written:
+every path absolute and normalised, with no `..`; recorded by the shim in
+the image of the process that wrote it (check_recorded); never a mode with
+setuid, setgid or sticky bits; and no symlink on any component: each path
+is walked from / with openat(O_NOFOLLOW) (ckptd/nofollow.py), then as it is
+written.  Files and directories a restart creates go to the job's owner.
 """
 
 from __future__ import annotations
@@ -15,14 +24,23 @@ import errno
 import logging
 import os
 import shutil
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import xxhash
+
 from ckptd.errors import CkptdError, Code
-from ckptd.image.checksum import ALGORITHM, hash_file
+from ckptd.image import crypt
+from ckptd.image.checksum import ALGORITHM
+from ckptd.image.core import CoreImage
+from ckptd.nofollow import UnsafePath, open_dir, open_file
 
 log = logging.getLogger(__name__)
+
+HINT = "restart from another checkpoint with --from ID (`ckptctl list JOB`)"
+Owner = tuple[int, int]
 
 
 def _copy_chunk(src: int, dst: int, left: int) -> int:
@@ -40,41 +58,148 @@ def _copy_chunk(src: int, dst: int, left: int) -> int:
     return len(data)
 
 
-def copy_into(src: Path, dst: Path, size: int) -> None:
-    """Overwrite dst in place (keeping its inode, owner and links) with the
-    first `size` bytes of src."""
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    fd_out = os.open(dst, os.O_WRONLY | os.O_CREAT, 0o644)
-    try:
-        with open(src, "rb") as f:
-            left = size
-            while left:
-                n = _copy_chunk(f.fileno(), fd_out, left)
-                if n <= 0:
-                    raise CkptdError(Code.DATA_LOSS, f"saved copy of {dst} is shorter than recorded")
-                left -= n
-        os.ftruncate(fd_out, size)
-        os.fsync(fd_out)
-    finally:
-        os.close(fd_out)
+def copy_into(src: Path, fd_out: int, size: int, shown: Path) -> None:
+    """Overwrite the open file fd_out in place (keeping its inode, owner and
+    links) with the first `size` bytes of src."""
+    os.lseek(fd_out, 0, os.SEEK_SET)
+    with open(src, "rb") as f:
+        left = size
+        while left:
+            n = _copy_chunk(f.fileno(), fd_out, left)
+            if n <= 0:
+                raise CkptdError(Code.DATA_LOSS, f"saved copy of {shown} is shorter than recorded")
+            left -= n
+    os.ftruncate(fd_out, size)
+    os.fsync(fd_out)
 
 
-def _prefix_equal(a: Path, b: Path, size: int) -> bool:
-    with open(a, "rb") as fa, open(b, "rb") as fb:
+def _hash_fd(fd: int) -> str:
+    h = xxhash.xxh3_128()
+    os.lseek(fd, 0, os.SEEK_SET)
+    while chunk := os.read(fd, 8 << 20):
+        h.update(chunk)
+    return h.hexdigest()
+
+
+def _prefix_equal(a: Path, fd: int, size: int) -> bool:
+    os.lseek(fd, 0, os.SEEK_SET)
+    with open(a, "rb") as fa:
         left = size
         while left:
             n = min(left, 1 << 20)
-            if fa.read(n) != fb.read(n):
+            if fa.read(n) != os.read(fd, n):
                 return False
             left -= n
     return True
 
 
-def _replace_with_copy(src: Path, live: Path) -> None:
-    """live becomes a copy of src, in one rename (a new inode)."""
-    tmp = live.with_name(live.name + ".restore")
-    shutil.copyfile(src, tmp)
-    os.replace(tmp, live)
+# ---- which files a restart may write ----
+
+
+@dataclass(frozen=True)
+class WrittenFile:
+    """One file to put back, its path checked."""
+
+    path: Path
+    data: str  # its saved copy, relative to the checkpoint
+    size: int
+    mode: int  # permission bits only
+    mtime_ns: int
+
+
+def _refuse(checkpoint: Path, path: object, why: str) -> CkptdError:
+    return CkptdError(Code.DATA_LOSS, f"checkpoint {checkpoint.name} would write {path}, which {why}; refused: {HINT}")
+
+
+def _check_path(checkpoint: Path, raw: object) -> Path:
+    if not isinstance(raw, str) or not raw or "\0" in raw:
+        raise _refuse(checkpoint, repr(raw), "is not a path")
+    if not raw.startswith("/"):
+        raise _refuse(checkpoint, raw, "is a relative path")
+    if ".." in raw.split("/"):
+        raise _refuse(checkpoint, raw, "has a '..' component")
+    if os.path.normpath(raw) != raw or raw.startswith("//") or raw == "/":
+        raise _refuse(checkpoint, raw, "is not a normalised absolute file path")
+    return Path(raw)
+
+
+def _check_on_disk(checkpoint: Path, path: Path) -> None:
+    """No symlink on any component, the file itself regular if it exists."""
+    try:
+        fd = open_dir(path.parent)
+    except FileNotFoundError:
+        return  # made when restored, unfollowed
+    except UnsafePath as e:
+        raise _refuse(checkpoint, path, f"lies beneath {e.where}, {e.kind}; a restart never follows one") from None
+    except OSError as e:
+        raise CkptdError(Code.FAILED_PRECONDITION, f"cannot restore {path}, which the job writes: {e.strerror}") from e
+    try:
+        st = os.stat(path.name, dir_fd=fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    finally:
+        os.close(fd)
+    if stat.S_ISLNK(st.st_mode):
+        raise _refuse(checkpoint, path, "is a symbolic link now; a restart never follows one")
+    if not stat.S_ISREG(st.st_mode):
+        raise _refuse(checkpoint, path, "is no longer a regular file")
+
+
+def check_written_files(checkpoint: Path, manifest: dict[str, Any]) -> list[WrittenFile]:
+    """Every file the restart would write, checked (module doc), or a
+    DATA_LOSS error naming the first that may not be.  Touches nothing."""
+    saved = {e.get("path") for e in manifest.get("files", []) if isinstance(e, dict)}
+    out: list[WrittenFile] = []
+    seen: set[Path] = set()
+    for entry in manifest.get("written_files", []):
+        if not isinstance(entry, dict) or not entry.get("saved"):
+            continue
+        path = _check_path(checkpoint, entry.get("path"))
+        mode, size, mtime, data = (entry.get(k) for k in ("mode", "size", "mtime_ns", "data"))
+        if not all(isinstance(v, int) and v >= 0 for v in (mode, size, mtime)) or not isinstance(data, str):
+            raise _refuse(checkpoint, path, "has a malformed entry")
+        assert isinstance(mode, int) and isinstance(size, int) and isinstance(mtime, int)
+        if mode & 0o7000:
+            raise _refuse(
+                checkpoint, path, f"has mode {mode & 0o7777:04o}: setuid, setgid and sticky bits are never restored"
+            )
+        if data not in saved or ".." in data.split("/") or data.startswith("/"):
+            raise _refuse(checkpoint, path, f"has no saved copy among the checkpoint's files ({data})")
+        if path in seen:
+            raise _refuse(checkpoint, path, "is listed twice")
+        seen.add(path)
+        out.append(WrittenFile(path, data, size, mode & 0o777, mtime))
+    for f in out:
+        _check_on_disk(checkpoint, f.path)
+    return out
+
+
+def check_recorded(checkpoint: Path, manifest: dict[str, Any]) -> None:
+    """Each written file is one the shim recorded in the image of the process
+    that wrote it (core.img, whose checksum the manifest lists and which
+    was verified): a manifest that names another file is refused."""
+    dirs = {p.get("dir") for p in manifest.get("processes", []) if isinstance(p, dict)}
+    cores: dict[str, dict[int, dict[str, Any]]] = {}
+    for entry in manifest.get("written_files", []):
+        if not isinstance(entry, dict) or not entry.get("saved"):
+            continue
+        proc, _, name = str(entry.get("data", "")).rpartition("/files/")
+        if proc not in dirs or name != f"{entry.get('index')}.data":
+            raise _refuse(checkpoint, entry.get("path"), "no process of the checkpoint saved")
+        if proc not in cores:
+            try:
+                core = CoreImage.load(checkpoint / proc / "core.img")
+            except CkptdError as e:
+                raise CkptdError(Code.DATA_LOSS, f"checkpoint {checkpoint.name}: {e.message}") from None
+            cores[proc] = {int(wf["index"]): wf for wf in core.written_files()}
+        recorded = cores[proc].get(entry.get("index", -1))  # type: ignore[arg-type]
+        if recorded is None or recorded != {k: v for k, v in entry.items() if k != "data"}:
+            raise _refuse(
+                checkpoint, entry.get("path"), f"the job did not write (its image in {proc} does not record it)"
+            )
+
+
+# ---- the rollback ----
 
 
 @dataclass
@@ -82,78 +207,183 @@ class _Undo:
     """How to give one path back what it held before the rollback."""
 
     path: Path
-    kind: str  # "file": copy back (or remove); "tail": cut at `size`, append; "replace": put the whole file back
+    kind: str  # "file": copy back (or remove); "tail": cut at `size`, append; "replace": the whole file; "dir": rmdir
     saved: Path | None  # the journal's copy; None: the path did not exist
     stat: os.stat_result | None = None
     size: int = 0  # "tail": where the rollback cut (a lazy restart's job may have written past it since)
+    beneath: Path = Path("/")  # walked from here without following symlinks
 
 
 class WorldRollback:
     """The rollback of one restart, with its journal in `journal` (a
-    directory of its own, removed by forget)."""
+    directory of its own, removed by forget).  owner (uid, gid): who gets
+    the files and directories it creates (None: this process's user)."""
 
-    def __init__(self, journal: Path) -> None:
+    def __init__(self, journal: Path, owner: Owner | None = None, key: bytes | None = None) -> None:
         self.journal = journal
+        self.owner = owner
+        self.key = key  # launch --encrypt: saved files and logs are sealed (ckptd/image/crypt.py)
         self._undo: list[_Undo] = []
+        self._clear = 0
 
-    def _save(self, src: Path, offset: int = 0) -> Path:
-        self.journal.mkdir(parents=True, exist_ok=True)
+    def _in_clear(self, saved: Path) -> Path:
+        """saved itself, or (sealed) its plaintext in a file of the journal,
+        which is the agent's own (0700)."""
+        if self.key is None or not crypt.is_sealed(saved):
+            return saved
+        self.journal.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._clear += 1
+        dst = self.journal / f"clear-{self._clear}"
+        fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with open(fd, "wb") as out:
+            out.write(crypt.open_file(self.key, saved))
+        return dst
+
+    def _save(self, fd: int, offset: int = 0) -> Path:
+        self.journal.mkdir(mode=0o700, parents=True, exist_ok=True)
         dst = self.journal / str(len(self._undo))
-        with open(src, "rb") as fin, open(dst, "wb") as fout:
-            fin.seek(offset)
-            shutil.copyfileobj(fin, fout, 1 << 20)
+        out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            os.lseek(fd, offset, os.SEEK_SET)
+            while chunk := os.read(fd, 1 << 20):
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(out, view) :]
+        finally:
+            os.close(out)
         return dst
 
     def roll_back_files(self, checkpoint: Path, manifest: dict[str, Any]) -> int:
-        """Give every file the job writes its contents at checkpoint time."""
-        restored = 0
+        """Give every file the job writes its contents at checkpoint time,
+        once every one of them is known to be allowed (check_written_files)."""
+        files = check_written_files(checkpoint, manifest)
         # the saved copies' checksums were just verified against the manifest
         saved_hash = {e["path"]: e[ALGORITHM] for e in manifest.get("files", [])}
-        for entry in manifest.get("written_files", []):
-            if not entry.get("saved"):
-                continue
-            dst = Path(entry["path"])
-            src = checkpoint / entry["data"]
+        restored = 0
+        for f in files:
             try:
-                before: os.stat_result | None = dst.stat()
-            except OSError:
-                before = None
-            try:
-                unchanged = (
-                    before is not None
-                    and before.st_size == entry["size"]
-                    and hash_file(dst) == saved_hash.get(entry["data"])
-                )
-            except OSError:
-                unchanged = False
-            if not unchanged:
-                try:
-                    self._undo.append(_Undo(dst, "file", self._save(dst) if before else None, before))
-                    copy_into(src, dst, int(entry["size"]))
-                except OSError as e:
-                    raise CkptdError(
-                        Code.FAILED_PRECONDITION, f"cannot restore {dst}, which the job writes: {e.strerror}"
-                    ) from e
-                restored += 1
-            with contextlib.suppress(OSError):
-                os.chmod(dst, entry["mode"] & 0o7777)
-                os.utime(dst, ns=(entry["mtime_ns"], entry["mtime_ns"]))
+                saved = checkpoint / f.data
+                clear = self._in_clear(saved)
+                restored += self._roll_back_one(clear, f, saved_hash.get(f.data) if clear == saved else None)
+            except UnsafePath as e:
+                raise _refuse(checkpoint, f.path, f"became unsafe while restoring ({e.why})") from None
+            except OSError as e:
+                raise CkptdError(
+                    Code.FAILED_PRECONDITION, f"cannot restore {f.path}, which the job writes: {e.strerror}"
+                ) from e
         return restored
 
-    def put_back_log(self, saved: Path, live: Path) -> None:
+    def _roll_back_one(self, src: Path, f: WrittenFile, digest: str | None) -> int:
+        made: list[Path] = []
+        try:
+            d = open_dir(f.path.parent, create=0o755, owner=self.owner, created=made)
+        finally:
+            self._undo.extend(_Undo(p, "dir", None) for p in made)
+        try:
+            try:
+                fd = open_file(d, f.path.name, os.O_RDWR, shown=f.path)
+                before: os.stat_result | None = os.fstat(fd)
+            except FileNotFoundError:
+                fd = open_file(d, f.path.name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600, shown=f.path)
+                before = None
+                if self.owner is not None:
+                    os.fchown(fd, *self.owner)
+            try:
+                unchanged = before is not None and before.st_size == f.size and _hash_fd(fd) == digest
+                if not unchanged:
+                    self._undo.append(_Undo(f.path, "file", self._save(fd) if before else None, before))
+                    copy_into(src, fd, f.size, f.path)
+                with contextlib.suppress(OSError):
+                    os.chmod(fd, f.mode)
+                    os.utime(fd, ns=(f.mtime_ns, f.mtime_ns))
+            finally:
+                os.close(fd)
+        finally:
+            os.close(d)
+        return 0 if unchanged else 1
+
+    def put_back_log(self, saved: Path, live: Path, beneath: Path | None = None) -> None:
         """The job's log as it was at the checkpoint: output the lost run produced
-        afterwards goes, and output an earlier restart cut away comes back."""
+        afterwards goes, and output an earlier restart cut away comes back.
+        The path below beneath (the checkpoint root, default the log's
+        directory) is never followed through a symlink."""
+        base = live.parent if beneath is None else beneath
+        saved = self._in_clear(saved)
         size = saved.stat().st_size
         try:
-            same_prefix = live.stat().st_size >= size and _prefix_equal(saved, live, size)
-        except OSError:
-            same_prefix = False
-        if same_prefix:
-            self._undo.append(_Undo(live, "tail", self._save(live, size), size=size))
-            os.truncate(live, size)  # the usual case: only cut the tail
-            return
-        self._undo.append(_Undo(live, "replace", self._save(live) if live.exists() else None))
-        _replace_with_copy(saved, live)
+            d = open_dir(live.parent, base)
+        except UnsafePath as e:
+            raise CkptdError(Code.PERMISSION_DENIED, f"refusing the job's log {live}: {e.why}; remove it") from None
+        try:
+            try:
+                fd: int | None = open_file(d, live.name, os.O_RDWR, shown=live)
+            except FileNotFoundError:
+                fd = None
+            except UnsafePath as e:
+                raise CkptdError(Code.PERMISSION_DENIED, f"refusing the job's log {live}: {e.why}; remove it") from None
+            if fd is not None:
+                try:
+                    if os.fstat(fd).st_size >= size and _prefix_equal(saved, fd, size):
+                        self._undo.append(_Undo(live, "tail", self._save(fd, size), size=size, beneath=base))
+                        os.ftruncate(fd, size)  # the usual case: only cut the tail
+                        return
+                    self._undo.append(_Undo(live, "replace", self._save(fd), beneath=base))
+                finally:
+                    os.close(fd)
+            else:
+                self._undo.append(_Undo(live, "replace", None, beneath=base))
+            self._replace_with_copy(saved, d, live)
+        finally:
+            os.close(d)
+
+    def _replace_with_copy(self, src: Path, d: int, live: Path) -> None:
+        """live becomes a copy of src, in one rename (a new inode)."""
+        tmp = live.name + ".restore"
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp, dir_fd=d)
+        fd = open_file(d, tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600, shown=live.with_name(tmp))
+        try:
+            if self.owner is not None:
+                os.fchown(fd, *self.owner)
+            copy_into(src, fd, src.stat().st_size, live)
+        finally:
+            os.close(fd)
+        os.replace(tmp, live.name, src_dir_fd=d, dst_dir_fd=d)
+
+    def _undo_one(self, u: _Undo) -> None:
+        d = open_dir(u.path.parent, u.beneath)
+        try:
+            if u.kind == "dir":
+                with contextlib.suppress(OSError):  # not empty: something else is there now
+                    os.rmdir(u.path.name, dir_fd=d)
+            elif u.kind == "tail" and u.saved is not None:
+                fd = open_file(d, u.path.name, os.O_WRONLY, shown=u.path)
+                try:
+                    os.ftruncate(fd, u.size)
+                    os.lseek(fd, u.size, os.SEEK_SET)
+                    with open(u.saved, "rb") as tail:
+                        while chunk := tail.read(1 << 20):
+                            view = memoryview(chunk)
+                            while view:
+                                view = view[os.write(fd, view) :]
+                finally:
+                    os.close(fd)
+            elif u.saved is None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(u.path.name, dir_fd=d)
+            elif u.kind == "file":
+                fd = open_file(d, u.path.name, os.O_WRONLY | os.O_CREAT, 0o600, shown=u.path)
+                try:
+                    copy_into(u.saved, fd, u.saved.stat().st_size, u.path)
+                    if u.stat is not None:
+                        os.chmod(fd, u.stat.st_mode & 0o777)
+                        os.utime(fd, ns=(u.stat.st_atime_ns, u.stat.st_mtime_ns))
+                finally:
+                    os.close(fd)
+            else:
+                self._replace_with_copy(u.saved, d, u.path)
+        finally:
+            os.close(d)
 
     def undo(self) -> None:
         """Everything back as it was before the rollback, newest change first.
@@ -161,23 +391,12 @@ class WorldRollback:
         failed = False
         for u in reversed(self._undo):
             try:
-                if u.kind == "tail" and u.saved is not None:
-                    os.truncate(u.path, u.size)
-                    with open(u.path, "ab") as out, open(u.saved, "rb") as tail:
-                        shutil.copyfileobj(tail, out, 1 << 20)
-                elif u.saved is None:
-                    u.path.unlink(missing_ok=True)
-                elif u.kind == "file":
-                    copy_into(u.saved, u.path, u.saved.stat().st_size)
-                    if u.stat is not None:
-                        os.chmod(u.path, u.stat.st_mode & 0o7777)
-                        os.utime(u.path, ns=(u.stat.st_atime_ns, u.stat.st_mtime_ns))
-                else:
-                    _replace_with_copy(u.saved, u.path)
-            except OSError as e:
+                self._undo_one(u)
+            except (OSError, UnsafePath, CkptdError) as e:
                 failed = True
+                why = e.strerror if isinstance(e, OSError) else str(e)
                 log.error("cannot put %s back as it was before the failed restart (%s); its copy is %s",
-                          u.path, e.strerror, u.saved)  # fmt: skip
+                          u.path, why, u.saved)  # fmt: skip
         self._undo.clear()
         if not failed:
             self.forget()

@@ -18,6 +18,7 @@ import logging
 import os
 import signal
 import socket
+import struct
 import subprocess
 import threading
 import time
@@ -29,11 +30,13 @@ import psutil
 from google.protobuf import json_format
 
 from ckptd.errors import CkptdError, Code
+from ckptd.image.crypt import job_key
 from ckptd.native import init_binary, shim_library
-from ckptd.paths import Home, JobDir
+from ckptd.paths import Home, JobDir, job_umask
 from ckptd.v1 import ckptd_pb2 as pb
 
 from .lazy import LazyFill
+from .owner import Owner, files_as, job_work_dir, prepare_job_dir, resolve_owner
 from .shim_link import ShimConnection
 
 log = logging.getLogger(__name__)
@@ -53,6 +56,9 @@ class Incarnation:
     runtime_dir: str
     started: float
     restored_from: str = ""
+    # where its processes write (the restorer's status files): runtime_dir,
+    # or a directory of the job's owner (agent/owner.py)
+    status_dir: str = ""
 
     def save(self) -> None:
         path = Path(self.runtime_dir) / "runtime.json"
@@ -107,12 +113,23 @@ def _is_writer(proc: psutil.Process) -> bool:
 
 
 class JobRuntime:
-    def __init__(self, home: Home, node: str, spec: pb.JobSpec, on_change: Callable[[JobRuntime], None]) -> None:
+    def __init__(
+        self,
+        home: Home,
+        node: str,
+        spec: pb.JobSpec,
+        on_change: Callable[[JobRuntime], None],
+        owner: Owner | None = None,
+    ) -> None:
         self.home = home
         self.node = node
         self.spec = spec
         self.name = spec.name
         self.job_dir = job_dir_of(spec)
+        # the user its processes run as (agent/owner.py), and the shim socket
+        # they reach (the agent gives another user's job that user's own)
+        self.owner = owner or resolve_owner(spec.owner, node)
+        self.shim_socket = home.shim_socket(node)
         self.cond = threading.Condition()
         self.state = "starting"
         self.message = ""
@@ -131,6 +148,7 @@ class JobRuntime:
         # what to undo once its processes are gone, before the state says so
         self.failure = ""
         self.before_end: Callable[[], None] | None = None
+        self._spawning = False
         self._on_change = on_change
 
     # ---- process tree ----
@@ -206,24 +224,81 @@ class JobRuntime:
         old = env.get("LD_PRELOAD", "")
         env["LD_PRELOAD"] = f"{preload}:{old}" if old else preload
         env["CKPTD_JOB"] = self.name
-        env["CKPTD_SHIM_SOCKET"] = str(self.home.shim_socket(self.node))
+        env["CKPTD_SHIM_SOCKET"] = str(self.shim_socket)
+        if self.owner.switch:
+            env.update(self.owner.env())
         return env
+
+    def owner_files(self) -> contextlib.AbstractContextManager[None]:
+        """File operations with the job's owner's identity (agent/owner.py)."""
+        return files_as(self.owner)
+
+    def key(self) -> bytes | None:
+        """The job's encryption key (None: not encrypted), read with its
+        owner's identity: a user cannot have root read a file for them."""
+        with self.owner_files():
+            return job_key(self.spec)
+
+    @property
+    def work_dir(self) -> Path:
+        """The job's own files on this node (restore plans, the rollback
+        journal): in the agent's directory, or, for another user's job, in
+        that user's (reached with owner_files)."""
+        if self.owner.switch:
+            return job_work_dir(self.home, self.node, self.name, self.owner)
+        return self.home.agent_dir(self.node) / "jobs" / self.name
+
+    def refuses(self, conn: ShimConnection) -> str:
+        """Why a process's HELLO naming this job is not taken ("" if it is):
+        it must run as the job's owner and be in the job's process tree."""
+        if conn.uid != self.owner.uid:
+            return f"it runs as uid {conn.uid}, the job as {self.owner.uid}"
+        deadline = time.monotonic() + 10
+        with self.cond:  # a process may say HELLO before spawn has recorded its incarnation
+            while self._spawning and time.monotonic() < deadline:
+                self.cond.wait(0.1)
+        inc = self.incarnation
+        if inc is None:
+            return "the job has no running incarnation"
+        pid = conn.host_pid
+        for _ in range(4096):
+            if pid == inc.init_pid:
+                return ""
+            if pid <= 1:
+                break
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    pid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                break
+        return "it is not a process of the job"
 
     def _next_generation(self) -> int:
         base = self.home.agent_dir(self.node) / "jobs" / self.name
         gens = [int(p.name[4:]) for p in base.glob("gen-*") if p.name[4:].isdigit()]
         return max(gens, default=-1) + 1
 
-    def spawn(self, program: list[str], restore: bool, restored_from: str = "") -> Incarnation:
+    def spawn(
+        self, program: list[str], restore: bool, restored_from: str = "", keep_fd: int | None = None
+    ) -> Incarnation:
         """Start a new incarnation: ckptd-init running `program` as pid 2.
 
         "{runtime_dir}" in program is replaced by the incarnation's runtime
-        directory (where the restorer writes its status)."""
+        directory (where the restorer writes its status).  keep_fd (the
+        encryption key's memfd) is inherited by `program` alone."""
         generation = self._next_generation()
         rt = self._runtime_dir(generation)
-        program = [a.replace("{runtime_dir}", str(rt)) for a in program]
         control = self.home.init_socket(self.name, generation)
-        exit_file = rt / "exit.json"
+        shared = rt  # where the job's processes write
+        if self.owner.switch:
+            # another user's job: what its processes write is in that user's directory
+            prepare_job_dir(self.job_dir.path, [self.job_dir.log, self.job_dir.index], self.owner, self.node)
+            shared = self.work_dir / f"gen-{generation}"
+            with self.owner_files():
+                shared.mkdir(mode=0o700)
+            control = shared / "init.sock"
+        program = [a.replace("{runtime_dir}", str(shared)) for a in program]
+        exit_file = shared / "exit.json"
         cmd = [
             str(init_binary()),
             "--log", str(self.job_dir.log),
@@ -231,20 +306,35 @@ class JobRuntime:
             "--control", str(control),
             "--exit-file", str(exit_file),
         ]  # fmt: skip
-        if os.getuid() != 0:
+        if self.owner.switch:
+            cmd += self.owner.init_args()  # --user ... --userns
+        elif os.getuid() != 0:
             cmd.append("--userns")
         if self.netns:
-            cmd += ["--netns", self.netns, "--hostname", self.spec.rank.hostname, "--hosts", self._hosts_file(rt)]
+            with self.owner_files():
+                hosts = self._hosts_file(shared)
+            cmd += ["--netns", self.netns, "--hostname", self.spec.rank.hostname, "--hosts", hosts]
         if restore:
             cmd.append("--restore")
+        if keep_fd is not None:
+            cmd += ["--keep-fd", str(keep_fd)]
         cmd += ["--", *program]
         cwd = self.spec.cwd or "/"
         if not os.path.isdir(cwd):
             raise CkptdError(Code.FAILED_PRECONDITION, f"the job's working directory {cwd} does not exist on this node")
+        if self.owner.switch:
+            with self.owner_files():
+                reachable = os.access(cwd, os.X_OK, effective_ids=True)
+            if not reachable:
+                raise CkptdError(
+                    Code.FAILED_PRECONDITION,
+                    f"user {self.owner.name} cannot enter the job's working directory {cwd} on this node",
+                )
         with self.cond:
             # before the processes start: their shims say HELLO as soon as they
-            # run, maybe before Popen returns here
+            # run, maybe before Popen returns here (refuses() waits for this)
             self.shims = {}
+            self._spawning = True
         with open(rt / "init.log", "ab") as err:
             try:
                 popen = subprocess.Popen(
@@ -256,8 +346,13 @@ class JobRuntime:
                     stderr=err,
                     start_new_session=True,
                     close_fds=True,
+                    pass_fds=(keep_fd,) if keep_fd is not None else (),
+                    umask=self.spec.umask if self.spec.HasField("umask") else job_umask(),  # the daemon's is 077
                 )
             except OSError as e:
+                with self.cond:
+                    self._spawning = False
+                    self.cond.notify_all()
                 raise CkptdError(Code.INTERNAL, f"cannot start ckptd-init: {e}") from e
         inc = Incarnation(
             generation=generation,
@@ -267,9 +362,11 @@ class JobRuntime:
             runtime_dir=str(rt),
             started=time.time(),
             restored_from=restored_from,
+            status_dir=str(shared),
         )
         inc.save()
         with self.cond:
+            self._spawning = False
             self.generation = generation
             self.incarnation = inc
             self.popen = popen
@@ -298,6 +395,7 @@ class JobRuntime:
         lines = [f"{r.vip}\t{f'{job}-{r.rank}'[:63]}" for r in self.spec.rank.ranks]
         path = runtime_dir / "hosts"
         path.write_text(base.rstrip("\n") + "\n# ckptd: the ranks of job " + job + "\n" + "\n".join(lines) + "\n")
+        path.chmod(0o644)  # the job's /etc/hosts: readable by whoever it runs as
         return str(path)
 
     def adopt(self, inc: Incarnation) -> bool:
@@ -322,7 +420,8 @@ class JobRuntime:
             rc = None
             while self._init_process() is not None and self.incarnation is inc:
                 time.sleep(0.5)
-        exit_info = self._read_exit(inc, rc)
+        with self.owner_files():  # written by the relay, as the job's owner
+            exit_info = self._read_exit(inc, rc)
         with self.cond:
             if self.incarnation is not inc:
                 return
@@ -446,6 +545,9 @@ class JobRuntime:
             s.settimeout(30)
             try:
                 s.connect(inc.control)
+                peer = struct.unpack("3i", s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
+                if peer != inc.init_pid:  # the socket is in a directory of the job's owner
+                    raise OSError(f"{inc.control} is served by pid {peer}, not by the relay (pid {inc.init_pid})")
                 s.sendall(b"DRAIN\n")
                 reply = s.makefile("rb").readline().decode()
             except OSError as e:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import grpc
 
+from ckptd.auth import Policy, Role
 from ckptd.errors import CkptdError, Code
 from ckptd.rpc import rpc_method
 from ckptd.v1 import ckptd_pb2 as pb
@@ -16,30 +17,51 @@ from ckptd.v1 import ckptd_pb2_grpc as pb_grpc
 
 from .node import AgentNode
 from .output import LogFollower
-from .runtime import RUNNING_STATES
+from .runtime import RUNNING_STATES, JobRuntime
 
 log = logging.getLogger(__name__)
 
 
 class AgentService(pb_grpc.AgentServicer):
-    def __init__(self, node: AgentNode) -> None:
+    """Only the coordinator drives a node (ckptd/auth.py); a job's owner may
+    also read its status and output and signal it (`ckptd launch` follows
+    its job here)."""
+
+    def __init__(self, node: AgentNode, policy: Policy) -> None:
         self.node = node
+        self.policy = policy
+
+    def _coordinator(self, context: grpc.ServicerContext) -> None:
+        self.policy.require(context, Role.COORDINATOR, "driving a node")
+
+    def _own(self, context: grpc.ServicerContext, name: str) -> JobRuntime:
+        job = self.node.get(name)
+        self.policy.require_owner(context, job.spec.owner, name)
+        return job
+
+    def _shown(self, context: grpc.ServicerContext, st: pb.JobStatus) -> pb.JobStatus:
+        """A user sees no environment here (the coordinator shows it to its owner with --show-env)."""
+        if not self.policy.caller(context).has(Role.COORDINATOR):
+            st.spec.ClearField("env")
+        return st
 
     @rpc_method
     def StartJob(self, request: pb.StartJobRequest, context: grpc.ServicerContext) -> pb.JobStatus:
+        self._coordinator(context)
         return self.node.start_job(request.spec).status()
 
     @rpc_method
     def GetJob(self, request: pb.AgentJobRequest, context: grpc.ServicerContext) -> pb.JobStatus:
-        return self.node.job_status(self.node.get(request.job))
+        return self._shown(context, self.node.job_status(self._own(context, request.job)))
 
     @rpc_method
     def ListJobs(self, request: pb.Empty, context: grpc.ServicerContext) -> pb.AgentJobList:
+        self._coordinator(context)
         return pb.AgentJobList(jobs=self.node.statuses())
 
     @rpc_method
     def FollowOutput(self, request: pb.FollowOutputRequest, context: grpc.ServicerContext) -> Iterator[pb.OutputChunk]:
-        job = self.node.get(request.job)
+        job = self._own(context, request.job)
         follower = LogFollower(job.job_dir.log, job.job_dir.index, request.offset)
         generation = job.generation
 
@@ -53,22 +75,23 @@ class AgentService(pb_grpc.AgentServicer):
 
         for chunk in follower.follow(running):
             yield pb.OutputChunk(stream=chunk.stream, data=chunk.data, offset=chunk.offset)
-        yield pb.OutputChunk(end=True, status=job.status(), offset=follower.offset)
+        yield pb.OutputChunk(end=True, status=self._shown(context, job.status()), offset=follower.offset)
 
     @rpc_method
     def SignalJob(self, request: pb.SignalRequest, context: grpc.ServicerContext) -> pb.JobStatus:
-        job = self.node.get(request.job)
+        job = self._own(context, request.job)
         if request.signal == 9:
             job.kill()
             job.wait_ended(10)
         else:
             job.signal(request.signal)
-        return job.status()
+        return self._shown(context, job.status())
 
     # ---- the barrier protocol ----
 
     @rpc_method
     def Prepare(self, request: pb.PrepareRequest, context: grpc.ServicerContext) -> pb.PrepareResponse:
+        self._coordinator(context)
         job = self.node.get(request.job)
         return self.node.checkpointer.prepare(
             job, request.checkpoint_id, request.timeout_s or 10.0, request.dir, check_space=not request.incremental
@@ -76,15 +99,18 @@ class AgentService(pb_grpc.AgentServicer):
 
     @rpc_method
     def Drain(self, request: pb.ResumeRequest, context: grpc.ServicerContext) -> pb.Empty:
+        self._coordinator(context)
         self.node.checkpointer.drain(self.node.get(request.job))
         return pb.Empty()
 
     @rpc_method
     def Dump(self, request: pb.DumpRequest, context: grpc.ServicerContext) -> pb.DumpResponse:
+        self._coordinator(context)
         return self.node.checkpointer.dump(self.node.get(request.job), request)
 
     @rpc_method
     def Resume(self, request: pb.ResumeRequest, context: grpc.ServicerContext) -> pb.Empty:
+        self._coordinator(context)
         job = self.node.get(request.job)
         if not self.node.release(job):  # a rank held after its restore, or a checkpoint's pause
             self.node.checkpointer.resume(job)
@@ -92,6 +118,7 @@ class AgentService(pb_grpc.AgentServicer):
 
     @rpc_method
     def Abort(self, request: pb.ResumeRequest, context: grpc.ServicerContext) -> pb.Empty:
+        self._coordinator(context)
         try:
             job = self.node.get(request.job)
         except CkptdError:
@@ -107,6 +134,7 @@ class AgentService(pb_grpc.AgentServicer):
     @rpc_method
     def Stop(self, request: pb.StopRequest, context: grpc.ServicerContext) -> pb.JobStatus:
         """End a job for good after its final checkpoint (preemption)."""
+        self._coordinator(context)
         job = self.node.get(request.job)
         self.node.checkpointer.forget(job)
         self.node.held.pop(job.name, None)
@@ -116,11 +144,13 @@ class AgentService(pb_grpc.AgentServicer):
 
     @rpc_method
     def Finalize(self, request: pb.FinalizeRequest, context: grpc.ServicerContext) -> pb.FinalizeResponse:
+        self._coordinator(context)
         part = self.node.manifest_part(self.node.get(request.job), request)
         return pb.FinalizeResponse(manifest_part_json=json.dumps(part))
 
     @rpc_method
     def Restore(self, request: pb.RestoreRequest, context: grpc.ServicerContext) -> pb.JobStatus:
+        self._coordinator(context)
         checkpoint = Path(request.checkpoint_dir)
         if not checkpoint.is_dir():
             raise CkptdError(
@@ -133,4 +163,5 @@ class AgentService(pb_grpc.AgentServicer):
 
     @rpc_method
     def Health(self, request: pb.Empty, context: grpc.ServicerContext) -> pb.NodeHealth:
+        self._coordinator(context)
         return self.node.health()

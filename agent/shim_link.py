@@ -201,7 +201,11 @@ class ShimServer:
         path: Path,
         on_hello: Callable[[ShimConnection], None],
         on_close: Callable[[ShimConnection], None],
+        owner: tuple[int, int] | None = None,
     ) -> None:
+        """owner (uid, gid): the socket of another user's jobs (agent/owner.py),
+        theirs and 0600 (connecting needs write permission), in a directory
+        only root may change."""
         self.path = path
         self._on_hello = on_hello
         self._on_close = on_close
@@ -209,7 +213,11 @@ class ShimServer:
             path.unlink()
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.bind(str(path))
-        os.chmod(path, 0o700)
+        if owner is not None:
+            os.chown(path, *owner, follow_symlinks=False)
+            os.chmod(path, 0o600)
+        else:
+            os.chmod(path, 0o700)
         self._sock.listen(128)
         self._stopped = False
 

@@ -18,10 +18,15 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
-from ckptd.errors import CkptdError, Code
-from ckptd.paths import Home, default_node
-from ckptd.rpc import bind, make_server, reachable
+from ckptd.auth import DEFAULT_ADMINS, Policy
+from ckptd.errors import EXIT_CODES, CkptdError, Code
+from ckptd.image import seal
+from ckptd.paths import Home, default_node, private_umask
+from ckptd.rpc import bind, make_server, reachable, use_tls
+from ckptd.tls import TlsFiles, subject_of
 from ckptd.v1 import ckptd_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
@@ -31,6 +36,8 @@ DEFAULT_IDLE_EXIT_S = 1800.0
 
 
 def setup_logging(home: Home, name: str, verbose: bool = False) -> None:
+    """A daemon's start: its files are private from here on (paths.py), its log first."""
+    private_umask()
     home.logs_dir.mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(home.logs_dir / f"{name}.log")
     handler.setFormatter(logging.Formatter("%(asctime)s %(process)d %(name)s %(levelname)s %(message)s"))
@@ -46,15 +53,42 @@ def _wait_for_signal(stop: threading.Event) -> None:
         pass
 
 
-def run_coordinator(home: Home, listen: str, stop: threading.Event | None = None) -> None:
+@dataclass(frozen=True)
+class Security:
+    """A daemon's TLS identity (None: Unix sockets only) and its admins."""
+
+    tls: TlsFiles | None = None
+    admins: tuple[str, ...] = DEFAULT_ADMINS
+
+    def apply(self, role: str, name: str = "") -> Policy:
+        """Present this identity on outgoing TCP calls; the policy for incoming ones."""
+        if self.tls is not None:
+            cn, got = subject_of(self.tls.cert)
+            if got != role or (name and cn != name):
+                want = f"{role} {name}".strip()
+                raise CkptdError(
+                    Code.FAILED_PRECONDITION,
+                    f"{self.tls.directory}/cert.pem is a {got} certificate for {cn!r}, not a {want} one; "
+                    f"issue one with `ckptd certs issue --{role} {name or 'NAME'}`",
+                )
+        use_tls(self.tls)
+        return Policy(self.admins)
+
+
+def run_coordinator(
+    home: Home, listen: str, stop: threading.Event | None = None, security: Security | None = None
+) -> None:
     from ckptd.coordinator.server import Coordinator, CoordinatorService
 
     stop = stop or threading.Event()
+    security = security or Security()
+    policy = security.apply("coordinator")
     home.ensure()
+    seal.install(home.root)  # the manifest key: made on first use, refused if others can read it
     coordinator = Coordinator(home)
     server = make_server()
-    pb_grpc.add_CoordinatorServicer_to_server(CoordinatorService(coordinator, stop.set), server)
-    address = bind(server, listen)
+    pb_grpc.add_CoordinatorServicer_to_server(CoordinatorService(coordinator, stop.set, policy), server)
+    address = bind(server, listen, security.tls)
     server.start()
     coordinator.start()
     log.info("coordinator listening on %s", address)
@@ -64,17 +98,27 @@ def run_coordinator(home: Home, listen: str, stop: threading.Event | None = None
 
 
 def run_agent(
-    home: Home, node: str, coordinator: str, listen: str, *, stop: threading.Event | None = None, ip: str = ""
+    home: Home,
+    node: str,
+    coordinator: str,
+    listen: str,
+    *,
+    stop: threading.Event | None = None,
+    ip: str = "",
+    security: Security | None = None,
 ) -> None:
     from ckptd.agent.node import AgentNode
     from ckptd.agent.server import AgentService
 
     stop = stop or threading.Event()
+    security = security or Security()
+    policy = security.apply("node", node)
     home.ensure()
+    seal.install(home.root)  # the manifest key: made on first use, refused if others can read it
     server = make_server()
-    address = bind(server, listen)
+    address = bind(server, listen, security.tls)
     agent = AgentNode(home, node, address, coordinator, ip)
-    pb_grpc.add_AgentServicer_to_server(AgentService(agent), server)
+    pb_grpc.add_AgentServicer_to_server(AgentService(agent, policy), server)
     server.start()
     agent.start()
     log.info("agent for node %s listening on %s, coordinator %s", node, address, coordinator)
@@ -91,16 +135,18 @@ def run_local(home: Home, idle_exit_s: float) -> None:
     from ckptd.coordinator.server import Coordinator, CoordinatorService
 
     home.ensure()
+    seal.install(home.root)  # the manifest key: made on first use, refused if others can read it
     stop = threading.Event()
     node = default_node()
     coordinator = Coordinator(home)
     cserver = make_server()
-    pb_grpc.add_CoordinatorServicer_to_server(CoordinatorService(coordinator, stop.set), cserver)
+    policy = Policy()  # Unix sockets only: every caller is the daemon's own user
+    pb_grpc.add_CoordinatorServicer_to_server(CoordinatorService(coordinator, stop.set, policy), cserver)
     caddr = bind(cserver, f"unix:{home.coordinator_socket}")
     aserver = make_server()
     aaddr = bind(aserver, f"unix:{home.agent_socket(node)}")
     agent = AgentNode(home, node, aaddr, caddr)
-    pb_grpc.add_AgentServicer_to_server(AgentService(agent), aserver)
+    pb_grpc.add_AgentServicer_to_server(AgentService(agent, policy), aserver)
     cserver.start()
     aserver.start()
     coordinator.start()
@@ -133,23 +179,32 @@ def coordinator_address(home: Home, start: bool = True) -> str:
     if remote:
         return remote
     address = f"unix:{home.coordinator_socket}"
-    if home.coordinator_socket.exists() and reachable(address):
+    # nothing in a runtime directory someone else controls is trusted
+    if not home.check_run_dir(create=start):
+        raise CkptdError(Code.UNAVAILABLE, f"no ckptd coordinator is running for CKPTD_HOME={home.root}")
+    if home.our_socket(home.coordinator_socket) and reachable(address):
         return address
     if not start:
         raise CkptdError(Code.UNAVAILABLE, f"no ckptd coordinator is running for CKPTD_HOME={home.root}")
     home.ensure()
-    lock_path = home.run_dir / "daemon.lock"
-    with open(lock_path, "w") as lock:
+    lock = home.open_lock()
+    try:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one starter at a time
-        if home.coordinator_socket.exists() and reachable(address):
+        if home.our_socket(home.coordinator_socket) and reachable(address):
             return address
-        _spawn_local_daemon(home)
+        out = home.logs_dir / "daemon.out"
+        seen = out.stat().st_size if out.exists() else 0
+        daemon = _spawn_local_daemon(home)
         deadline = time.monotonic() + DAEMON_START_TIMEOUT_S
         while time.monotonic() < deadline:
-            if home.coordinator_socket.exists() and reachable(address, timeout=0.5):
+            if home.our_socket(home.coordinator_socket) and reachable(address, timeout=0.5):
                 _wait_agent(home)
                 return address
+            if daemon.poll() is not None:
+                raise _start_failure(out, seen, daemon.returncode)
             time.sleep(0.1)
+    finally:
+        os.close(lock)
     raise CkptdError(
         Code.UNAVAILABLE,
         f"the local ckptd daemon did not start; see {home.logs_dir / 'daemon.log'}",
@@ -160,19 +215,32 @@ def _wait_agent(home: Home) -> None:
     address = f"unix:{home.agent_socket(default_node())}"
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        if home.agent_socket(default_node()).exists() and reachable(address, timeout=0.5):
+        if home.our_socket(home.agent_socket(default_node())) and reachable(address, timeout=0.5):
             time.sleep(0.2)  # let it register
             return
         time.sleep(0.05)
 
 
-def _spawn_local_daemon(home: Home) -> None:
+def _start_failure(out: Path, seen: int, status: int) -> CkptdError:
+    """The daemon's own one-line error (what it wrote to out past offset
+    seen), with its exit status's code."""
+    with contextlib.suppress(OSError), open(out, "rb") as f:
+        f.seek(seen)
+        lines = [x for x in f.read().decode(errors="replace").splitlines() if x.startswith("error: ")]
+        if lines:
+            code = next((c for c, n in EXIT_CODES.items() if n == status), Code.UNAVAILABLE)
+            return CkptdError(code, f"the local ckptd daemon cannot start: {lines[-1][len('error: ') :]}")
+    return CkptdError(Code.UNAVAILABLE, f"the local ckptd daemon exited with status {status} at start; see {out}")
+
+
+def _spawn_local_daemon(home: Home) -> subprocess.Popen[bytes]:
     idle = os.environ.get("CKPTD_IDLE_EXIT", str(DEFAULT_IDLE_EXIT_S))
     env = dict(os.environ, CKPTD_HOME=str(home.root))
     for var in ("LD_PRELOAD", "CKPTD_JOB", "CKPTD_SHIM_SOCKET"):
         env.pop(var, None)
-    out = open(home.logs_dir / "daemon.out", "ab")  # noqa: SIM115 - handed to the child
-    subprocess.Popen(
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    out = os.open(home.logs_dir / "daemon.out", flags, 0o600)  # handed to the child
+    daemon = subprocess.Popen(
         [sys.executable, "-m", "ckptd.cli.ckptd_main", "daemon", "--idle-exit", idle],
         env=env,
         stdin=subprocess.DEVNULL,
@@ -182,4 +250,5 @@ def _spawn_local_daemon(home: Home) -> None:
         close_fds=True,
         cwd="/",
     )
-    out.close()
+    os.close(out)
+    return daemon

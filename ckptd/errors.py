@@ -69,6 +69,16 @@ class CkptdError(Exception):
             code = Code.INTERNAL
         answered = any(k == "ckptd-answered" for k, _ in (_trailers(err) or ()))
         if status == grpc.StatusCode.UNAVAILABLE and what and not answered:
+            if "handshake" in details.lower():
+                # mutual TLS refused: the certificates are not from one CA, or a name does not match
+                return cls(
+                    Code.PERMISSION_DENIED,
+                    f"{what} and this client do not trust each other's TLS certificates: both must come "
+                    f"from the cluster's CA (CKPTD_TLS_DIR; `ckptd certs issue`) ({details})",
+                )
+            if "Socket closed" in details and ("ipv4:" in details or "ipv6:" in details):
+                # a TLS server drops a client whose certificate it does not trust, without a word
+                details += "; or it refused this client's certificate (CKPTD_TLS_DIR): is it from the cluster's CA?"
             details = f"{what} is unreachable ({details})"
         return cls(code, details or str(status))
 

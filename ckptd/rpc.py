@@ -1,6 +1,9 @@
 """gRPC plumbing shared by the CLI, the coordinator and the agents.
 
-Addresses are "unix:/path/to.sock" (one machine) or "host:port".
+Addresses are "unix:/path/to.sock" (one machine) or "host:port". A TCP
+address always means mutual TLS (ckptd/tls.py): a server binds one only with
+its certificate and demands a client certificate from the same CA; a client
+dials one only with its own. A Unix socket is plaintext, made 0600.
 Servicer methods are wrapped with @rpc_method so that a CkptdError reaches
 the caller as its status code and message, and anything unexpected as
 INTERNAL with a pointer to the daemon log.
@@ -11,6 +14,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import os
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from typing import Any, TypeVar
@@ -18,6 +22,7 @@ from typing import Any, TypeVar
 import grpc
 
 from ckptd.errors import CkptdError, Code
+from ckptd.tls import TlsFiles, default_dir
 from ckptd.v1 import ckptd_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
@@ -31,8 +36,34 @@ _OPTIONS = [
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+_identity: TlsFiles | None = None  # what this process presents over TCP (use_tls)
+
+
+def use_tls(files: TlsFiles | None) -> None:
+    """The certificate this process presents as a TCP client (a daemon's own)."""
+    global _identity
+    _identity = files
+
+
+def _client_tls(address: str) -> TlsFiles:
+    if _identity is not None:
+        return _identity
+    d = default_dir()
+    if d is None:
+        raise CkptdError(
+            Code.PERMISSION_DENIED,
+            f"{address} is a TCP address and needs a client certificate: set CKPTD_TLS_DIR to a directory "
+            "from `ckptd certs issue` (ca.pem, cert.pem, key.pem)",
+        )
+    return TlsFiles.load(d)
+
+
 def channel(address: str) -> grpc.Channel:
-    return grpc.insecure_channel(address, options=_OPTIONS)
+    if address.startswith("unix:"):
+        return grpc.insecure_channel(address, options=_OPTIONS)
+    tls = _client_tls(address)
+    creds = grpc.ssl_channel_credentials(root_certificates=tls.ca, private_key=tls.key, certificate_chain=tls.cert)
+    return grpc.secure_channel(address, creds, options=_OPTIONS)
 
 
 def coordinator_stub(address: str) -> pb_grpc.CoordinatorStub:
@@ -103,12 +134,25 @@ def make_server(max_workers: int = 32) -> grpc.Server:
     return grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=_OPTIONS)
 
 
-def bind(server: grpc.Server, address: str) -> str:
-    """Listen on address; returns the address clients should use."""
-    port = server.add_insecure_port(address)
+def bind(server: grpc.Server, address: str, tls: TlsFiles | None = None) -> str:
+    """Listen on address; returns the address clients should use.
+
+    TCP needs tls (a client certificate is then required of every caller);
+    a Unix socket is made 0600, its owner's alone."""
+    if address.startswith("unix:"):
+        if server.add_insecure_port(address) == 0:
+            raise CkptdError(Code.UNAVAILABLE, f"cannot listen on {address}")
+        os.chmod(address[len("unix:") :], 0o600)
+        return address
+    if tls is None:
+        raise CkptdError(
+            Code.FAILED_PRECONDITION,
+            f"refusing to listen on {address} without TLS: anyone who reaches it would control every job; "
+            "give --tls DIR (from `ckptd certs issue`), or listen on unix:PATH on one machine",
+        )
+    creds = grpc.ssl_server_credentials([(tls.key, tls.cert)], root_certificates=tls.ca, require_client_auth=True)
+    port = server.add_secure_port(address, creds)
     if port == 0:
         raise CkptdError(Code.UNAVAILABLE, f"cannot listen on {address}")
-    if address.startswith("unix:"):
-        return address
     host = address.rsplit(":", 1)[0]
     return f"{host}:{port}"

@@ -21,6 +21,7 @@ from ckptd.errors import CkptdError, Code
 from ckptd.image.checksum import fsync_path
 from ckptd.image.manifest import load_manifest, total_bytes
 from ckptd.image.transfer import read_upload_record
+from ckptd.nofollow import UnsafePath, create_file, open_dir
 from ckptd.paths import CHECKPOINT_PREFIX, JobDir, checkpoint_name, parse_checkpoint_name
 from ckptd.v1 import ckptd_pb2 as pb
 
@@ -139,7 +140,8 @@ class Catalog:
             try:
                 out.append(info_from_manifest(job, Path(entry.path)))
             except CkptdError as e:
-                # listed so the user sees it; a restart from it fails its verification
+                # listed so the user sees it (a forged one too: it fails its
+                # authentication); a restart from it fails its verification
                 log.warning("%s", e.message)
                 out.append(pb.CheckpointInfo(job=job, id=ckpt_id, name=entry.name, path=entry.path, created="corrupt"))
         return sorted(out, key=lambda c: c.id)
@@ -157,13 +159,23 @@ class Catalog:
         return max(ids) + 1
 
     def create_tmp(self, job_dir: JobDir, ckpt_id: int) -> Path:
+        """A new temporary checkpoint directory, 0700, in the job's directory
+        (made if need be; refused if it, or the new one, is a symlink: the
+        checkpoint storage may be shared with other users)."""
         tmp = job_dir.path / f".{checkpoint_name(ckpt_id)}.tmp-{secrets.token_hex(4)}"
         try:
-            job_dir.path.mkdir(parents=True, exist_ok=True)
-            tmp.mkdir()
+            job_dir.path.parent.mkdir(parents=True, exist_ok=True)
+            os.close(open_dir(job_dir.path, job_dir.path.parent, create=0o700))
+            tmp.mkdir(mode=0o700)
+            os.close(open_dir(tmp, job_dir.path))
             probe = tmp / ".probe"
-            probe.write_bytes(b"x")
+            create_file(probe, b"x")
             probe.unlink()
+        except UnsafePath as e:
+            raise CkptdError(
+                Code.PERMISSION_DENIED,
+                f"refusing the job directory {job_dir.path}: {e.why} (planted in the checkpoint storage?); remove it",
+            ) from None
         except OSError as e:
             shutil.rmtree(tmp, ignore_errors=True)
             raise storage_error(e, job_dir.path) from e
@@ -171,7 +183,7 @@ class Catalog:
 
     def commit(self, tmp: Path, job_dir: JobDir, ckpt_id: int) -> Path:
         final = job_dir.checkpoint(ckpt_id)
-        if final.exists():
+        if os.path.lexists(final):
             raise CkptdError(Code.ABORTED, f"{final} already exists; another coordinator is writing this job?")
         try:
             os.rename(tmp, final)

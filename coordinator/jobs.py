@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import secrets
 import threading
 import time
@@ -19,6 +18,7 @@ from pathlib import Path
 
 from ckptd.agent.runtime import spec_from_json, spec_to_json
 
+from ckptd import limits
 from ckptd.errors import CkptdError, Code
 from ckptd.paths import JobDir
 from ckptd.v1 import ckptd_pb2 as pb
@@ -27,7 +27,6 @@ from .ranks import RankRecord, Target, aggregate, split_agent_job_name
 
 log = logging.getLogger(__name__)
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 TERMINAL = ("exited", "killed", "stopped")
 RUNNING = ("starting", "running", "checkpointing", "restoring")
 _ADJECTIVES = (
@@ -51,11 +50,41 @@ def new_job_name() -> str:
 
 
 def check_name(name: str) -> None:
-    if not NAME_RE.match(name):
-        raise CkptdError(
-            Code.INVALID_ARGUMENT,
-            f"invalid job name {name!r}: use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit",
-        )
+    limits.check_job_name(name)
+
+
+def check_spec(spec: pb.JobSpec) -> None:
+    """What LaunchJob accepts from a client (the CLI checks the same, but a
+    client may call the RPC directly): a usable name, a command, an interval
+    that cannot become a checkpoint storm, counts within bounds, and no NUL
+    or '=' where the kernel would choke on it (INVALID_ARGUMENT)."""
+    if spec.name:
+        limits.check_job_name(spec.name)
+    if not spec.argv:
+        raise CkptdError(Code.INVALID_ARGUMENT, "no command to run; usage: ckptd launch [--job NAME] -- CMD [ARGS...]")
+    limits.check_interval("--interval", spec.interval_s)
+    for flag, value in (
+        ("--keep", spec.keep_last),
+        ("--keep-every", spec.keep_every),
+        ("--full-every", spec.full_every),
+    ):
+        if value:  # 0: the default
+            limits.in_range(flag, value, 1, limits.MAX_COUNT)
+    if spec.nranks:
+        limits.in_range("--ranks", spec.nranks, 1, limits.MAX_RANKS)
+    if spec.HasField("umask") and spec.umask > 0o777:
+        raise CkptdError(Code.INVALID_ARGUMENT, f"umask {spec.umask:o} is not a file mode mask (0-777)")
+    if any("\0" in a for a in spec.argv) or any("\0" in s for s in (spec.cwd, spec.ckpt_dir, spec.shared_dir)):
+        raise CkptdError(Code.INVALID_ARGUMENT, "a NUL byte in the command, its directory or a checkpoint directory")
+    for key, value in spec.env.items():
+        if not key or "=" in key or "\0" in key or "\0" in value:
+            raise CkptdError(Code.INVALID_ARGUMENT, f"invalid environment variable name or value {key[:64]!r}")
+
+
+def check_checkpoint_timeout(timeout_s: float) -> None:
+    """CheckpointRequest.timeout_s: 0 (the default) or a sane number of seconds."""
+    if timeout_s:
+        limits.in_range("--timeout", timeout_s, 0.001, limits.MAX_QUIESCE_S, "seconds")
 
 
 @dataclass

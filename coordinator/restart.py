@@ -128,6 +128,8 @@ def restart_job(
         t0 = time.monotonic()
         checkpoint = _choose_checkpoint(record, catalog, request.from_id)
         checkpoint = fetch_chain(record, catalog, checkpoint, board)  # with a shared tier, what the stage lacks
+        # whole and authentic before anything is stopped or touched (the agent checks it all again)
+        load_manifest(Path(checkpoint.path))
         if record.ranks:
             if request.lazy:
                 raise CkptdError(

@@ -13,16 +13,26 @@ from pathlib import Path
 
 import grpc
 
+from ckptd.auth import Identity, Policy, Role
 from ckptd.errors import CkptdError, Code
 from ckptd.image.transfer import CODECS
-from ckptd.paths import Home, JobDir
+from ckptd.paths import Home
 from ckptd.rpc import call, rpc_method
 from ckptd.v1 import ckptd_pb2 as pb
 from ckptd.v1 import ckptd_pb2_grpc as pb_grpc
 
 from .barrier import CheckpointRound
 from .catalog import Catalog
-from .jobs import RUNNING, TERMINAL, JobRecord, JobRegistry, check_name, new_job_name, now_rfc3339
+from .jobs import (
+    RUNNING,
+    TERMINAL,
+    JobRecord,
+    JobRegistry,
+    check_checkpoint_timeout,
+    check_spec,
+    new_job_name,
+    now_rfc3339,
+)
 from .nodes import HEARTBEAT_S, NodeRegistry
 from .policy import AutoRestarter, IntervalScheduler
 from .ranks import MAX_RANKS, RankRecord, agent_job_name, aggregate, free_slot, on_every_rank, rank_spec, spread, vip
@@ -195,26 +205,53 @@ class Coordinator:
 _LIVE_FIELDS = ("state", "message", "pids", "processes", "generation", "has_exit", "exit_code", "exit_signal")
 
 
+def shown(st: pb.JobStatus, who: Identity, show_env: bool = False) -> pb.JobStatus:
+    """A status as a caller sees it: the environment (tokens, keys) only when
+    asked for, and only its owner's own."""
+    if not (show_env and (who.local or st.spec.owner == who.name)):
+        st.spec.ClearField("env")
+    return st
+
+
 class CoordinatorService(pb_grpc.CoordinatorServicer):
-    def __init__(self, coordinator: Coordinator, on_shutdown: Callable[[], None]) -> None:
+    """Every method first asks the policy who calls (ckptd/auth.py): nodes
+    may only speak for themselves, users only act on their own jobs."""
+
+    def __init__(self, coordinator: Coordinator, on_shutdown: Callable[[], None], policy: Policy) -> None:
         self.c = coordinator
         self.on_shutdown = on_shutdown
+        self.policy = policy
+
+    def _node(self, context: grpc.ServicerContext, node: str) -> None:
+        who = self.policy.require(context, Role.NODE, "a node's registration, heartbeat or report")
+        if not who.local and who.name != node:
+            raise CkptdError(Code.PERMISSION_DENIED, f"the certificate of node {who.name} cannot speak for node {node}")
+
+    def _job(self, context: grpc.ServicerContext, job: str) -> tuple[JobRecord, Identity]:
+        """The job a user asks about, if it is theirs (or they are an admin)."""
+        who = self.policy.require(context, Role.USER, "acting on a job")
+        record = self.c.registry.get(job)
+        self.policy.require_owner(context, record.spec.owner, record.name)
+        return record, who
 
     # ---- agents ----
 
     @rpc_method
     def RegisterNode(self, request: pb.RegisterNodeRequest, context: grpc.ServicerContext) -> pb.RegisterNodeResponse:
+        self._node(context, request.node)
         self.c.nodes.register(request.node, request.address, request.ip, request.health)
         log.info("node %s registered at %s (ip %s)", request.node, request.address, request.ip or "-")
         return pb.RegisterNodeResponse(heartbeat_s=HEARTBEAT_S, instance=self.c.instance)
 
     @rpc_method
     def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.ServicerContext) -> pb.Empty:
+        self._node(context, request.node)
         self.c.nodes.heartbeat(request.node, request.health)
         return pb.Empty()
 
     @rpc_method
     def ReportJobEvent(self, request: pb.JobEvent, context: grpc.ServicerContext) -> pb.Empty:
+        self._node(context, request.node)
         found = self.c.registry.find(request.status.name)
         if found is None:
             return pb.Empty()  # not ours (or forgotten)
@@ -231,10 +268,16 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
 
     @rpc_method
     def LaunchJob(self, request: pb.LaunchJobRequest, context: grpc.ServicerContext) -> pb.LaunchJobResponse:
+        who = self.policy.require(context, Role.USER, "launching a job")
         spec = pb.JobSpec()
         spec.CopyFrom(request.spec)
+        spec.owner = who.name  # never the client's word
+        if request.as_user:
+            if not who.admin:
+                raise CkptdError(Code.PERMISSION_DENIED, f"--as-user is for admins; {who.name} is not one")
+            spec.owner = request.as_user
         spec.name = spec.name or new_job_name()
-        check_name(spec.name)
+        check_spec(spec)
         spec.ckpt_dir = str(Path(spec.ckpt_dir or self.c.home.default_ckpt_dir).resolve())
         check_tiers(spec)
         spec.created = spec.created or now_rfc3339()
@@ -247,9 +290,10 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             if not live:
                 raise CkptdError(Code.UNAVAILABLE, "no agent is running; start one with `ckptd agent`")
             node = min(live, key=lambda n: sum(1 for r in self.c.registry.all() if r.node == n.name))
-        JobDir.of(spec.ckpt_dir, spec.name).path.mkdir(parents=True, exist_ok=True)
         if spec.nranks or spec.nodes:
-            return self._launch_ranks(spec)
+            resp = self._launch_ranks(spec)
+            shown(resp.status, who)
+            return resp
         record = self.c.registry.add(spec, node.name)
         assert node.stub is not None
         try:
@@ -258,7 +302,9 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             self.c.registry.remove(spec.name)
             raise
         self.c.registry.update(record, status, node.name)
-        return pb.LaunchJobResponse(status=self.c.status(record), agent_address=node.address, agent_job=spec.name)
+        return pb.LaunchJobResponse(
+            status=shown(self.c.status(record), who), agent_address=node.address, agent_job=spec.name
+        )
 
     def _launch_ranks(self, spec: pb.JobSpec) -> pb.LaunchJobResponse:
         """A multi-node job: its ranks spread over the chosen (or live) nodes."""
@@ -308,17 +354,20 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
 
     @rpc_method
     def ListJobs(self, request: pb.ListJobsRequest, context: grpc.ServicerContext) -> pb.ListJobsResponse:
-        return pb.ListJobsResponse(jobs=[self.c.status(r) for r in self.c.registry.all()])
+        who = self.policy.require(context, Role.USER, "listing jobs")
+        mine = [r for r in self.c.registry.all() if who.owns(r.spec.owner)]
+        return pb.ListJobsResponse(jobs=[shown(self.c.status(r), who, request.show_env) for r in mine])
 
     @rpc_method
     def GetJob(self, request: pb.GetJobRequest, context: grpc.ServicerContext) -> pb.JobStatus:
-        return self.c.status(self.c.registry.get(request.job))
+        record, who = self._job(context, request.job)
+        return shown(self.c.status(record), who, request.show_env)
 
     @rpc_method
     def ListCheckpoints(
         self, request: pb.ListCheckpointsRequest, context: grpc.ServicerContext
     ) -> pb.ListCheckpointsResponse:
-        record = self.c.registry.get(request.job)
+        record, _ = self._job(context, request.job)
         in_flight = record.in_flight
         return pb.ListCheckpointsResponse(
             checkpoints=self.c.catalog.list_job(record),
@@ -327,7 +376,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
 
     @rpc_method
     def Checkpoint(self, request: pb.CheckpointRequest, context: grpc.ServicerContext) -> pb.CheckpointInfo:
-        record = self.c.registry.get(request.job)
+        record, _ = self._job(context, request.job)
+        check_checkpoint_timeout(request.timeout_s)
         if request.wait_shared and record.shared_dir is None:
             raise CkptdError(
                 Code.FAILED_PRECONDITION,
@@ -337,11 +387,14 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
 
     @rpc_method
     def Restart(self, request: pb.RestartRequest, context: grpc.ServicerContext) -> pb.RestartResponse:
-        return self.c.restart(self.c.registry.get(request.job), request)
+        record, who = self._job(context, request.job)
+        resp = self.c.restart(record, request)
+        shown(resp.status, who)
+        return resp
 
     @rpc_method
     def KillJob(self, request: pb.KillJobRequest, context: grpc.ServicerContext) -> pb.JobStatus:
-        record = self.c.registry.get(request.job)
+        record, who = self._job(context, request.job)
         status = self.c.status(record)
         if status.state not in RUNNING and status.state not in ("lost", "failed"):
             raise CkptdError(Code.FAILED_PRECONDITION, f"job {record.name} is not running ({status.state})")
@@ -356,11 +409,11 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                     errors.append(e)
         if errors and not record.ranks:
             raise errors[0]
-        return self.c.status(record)
+        return shown(self.c.status(record), who)
 
     @rpc_method
     def Prune(self, request: pb.PruneRequest, context: grpc.ServicerContext) -> pb.ListCheckpointsResponse:
-        record = self.c.registry.get(request.job)
+        record, _ = self._job(context, request.job)
         if not request.keep_last and not request.keep_every:
             raise CkptdError(Code.INVALID_ARGUMENT, "say what to keep: --keep N and/or --keep-every K")
         if not record.op_lock.acquire(blocking=False):
@@ -377,32 +430,36 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
 
     @rpc_method
     def SignalJob(self, request: pb.SignalRequest, context: grpc.ServicerContext) -> pb.JobStatus:
-        record = self.c.registry.get(request.job)
+        record, who = self._job(context, request.job)
         for t in record.targets():
             stub = self.c.nodes.live_stub(t.node, record.name)
             call(stub.SignalJob, pb.SignalRequest(job=t.name, signal=request.signal), 30, f"agent on {t.node}")
-        return self.c.status(record)
+        return shown(self.c.status(record), who)
 
     @rpc_method
     def WaitJob(self, request: pb.WaitJobRequest, context: grpc.ServicerContext) -> pb.JobStatus:
-        record = self.c.registry.get(request.job)
+        record, who = self._job(context, request.job)
         deadline = time.monotonic() + max(0.0, min(request.timeout_s or 30.0, 300.0))
         while context.is_active():
             status = self.c.status(record)
             changed = (status.state, status.generation) != (request.known_state, request.known_generation)
             if status.state in TERMINAL or changed:
-                return status
+                return shown(status, who)
             left = deadline - time.monotonic()
             if left <= 0:
-                return status
+                return shown(status, who)
             self.c.registry.wait_change(min(left, 1.0))
-        return self.c.status(record)
+        return shown(self.c.status(record), who)
 
     @rpc_method
     def ListNodes(self, request: pb.Empty, context: grpc.ServicerContext) -> pb.ListNodesResponse:
+        self.policy.caller(context)  # any authenticated identity
         return pb.ListNodesResponse(nodes=self.c.nodes.describe())
 
     @rpc_method
     def Shutdown(self, request: pb.Empty, context: grpc.ServicerContext) -> pb.Empty:
+        who = self.policy.caller(context)
+        if not who.admin:
+            raise CkptdError(Code.PERMISSION_DENIED, f"only an admin may shut the coordinator down, not {who}")
         threading.Thread(target=self.on_shutdown, daemon=True).start()
         return pb.Empty()

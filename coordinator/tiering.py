@@ -259,6 +259,10 @@ def _fetch_one(record: JobRecord, catalog: Catalog, shared: JobDir, name: str, a
         return
     src: Path = shared.path / name
     t0 = time.monotonic()
+    try:  # authentic before a byte of it is copied (the MAC covers the content, not the tier)
+        load_manifest(src)
+    except CkptdError as e:
+        raise CkptdError(e.code, f"the shared copy of {name}: {e.message}") from None
     tmp = catalog.create_tmp(record.job_dir, ckpt_id)
     try:
         report = fetch_copy(src, tmp, advance)

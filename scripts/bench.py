@@ -45,6 +45,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from bench_dmtcp import bench_dmtcp, dmtcp_table  # noqa: E402  (next to this script)
+from bench_encrypt import bench_encrypt, encrypt_table  # noqa: E402
 
 WORKLOAD = HERE / "bench_workload.py"
 RANK_WORKLOAD = HERE / "bench_rank_workload.py"
@@ -611,6 +612,12 @@ def main() -> int:
         "--lazy", default="",
         help="restart --lazy of a process of this many MiB, next to a plain restart ('' for none)",
     )  # fmt: skip
+    ap.add_argument(
+        "--encrypt", default="",
+        help="checkpoints of processes of these many MiB with launch --encrypt next to plain ones, "
+        "--encrypt-rounds each, in the same run ('' for none)",
+    )  # fmt: skip
+    ap.add_argument("--encrypt-rounds", type=int, default=3, help="checkpoints of each kind with --encrypt")
     ap.add_argument("--out", help="also write the table to this file")
     args = ap.parse_args()
     if args.dir:
@@ -622,7 +629,13 @@ def main() -> int:
     tier_rows: list[dict[str, Any]] = []
     lazy_rows: list[dict[str, Any]] = []
     dmtcp_rows: list[dict[str, Any]] = []
+    enc_rows: list[dict[str, Any]] = []
     try:
+        for mib in (int(s) for s in filter(None, args.encrypt.split(","))):
+            print(f"benchmarking --encrypt with {mib} MiB ...", file=sys.stderr, flush=True)
+            enc_rows.append(
+                bench_encrypt(base, mib, args.encrypt_rounds, ckptd=Ckptd, workload=WORKLOAD, wait_line=wait_line)
+            )
         for mib in (int(s) for s in filter(None, args.lazy.split(","))):
             print(f"benchmarking restart --lazy of {mib} MiB ...", file=sys.stderr, flush=True)
             lazy_rows.append(bench_lazy(base, mib))
@@ -674,6 +687,10 @@ def main() -> int:
     if dmtcp_rows:
         text += "\nDMTCP on the same workload (ratios below 1: ckptd takes less time):\n\n" + dmtcp_table(
             rows, dmtcp_rows
+        )
+    if enc_rows:
+        text += "\nEncryption at rest (launch --encrypt) against plain checkpoints, same run:\n\n" + encrypt_table(
+            enc_rows
         )
     if lazy_rows:
         text += "\nLazy restore (checkpoint evicted before each restart):\n\n" + lazy_table(lazy_rows)

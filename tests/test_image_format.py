@@ -36,25 +36,26 @@ def test_manifest_roundtrip_and_tamper(tmp_path: Path) -> None:
     (tmp_path / "proc-2").mkdir()
     (tmp_path / "proc-2" / "pages.img").write_bytes(os.urandom(10000))
     files = checksum_entries(tmp_path)
-    write_manifest(tmp_path, {"job": "j", "id": 1, "created": "now", "files": files})
-    m = load_manifest(tmp_path)
+    key = os.urandom(32)  # the daemons' manifest key (ckptd/image/seal.py)
+    write_manifest(tmp_path, {"job": "j", "id": 1, "created": "now", "files": files}, key)
+    m = load_manifest(tmp_path, key)
     verify_files(tmp_path, m)
 
     text = (tmp_path / "manifest.json").read_text()
     (tmp_path / "manifest.json").write_text(text.replace('"id": 1', '"id": 2'))
     with pytest.raises(CkptdError) as e:
-        load_manifest(tmp_path)
+        load_manifest(tmp_path, key)
     assert e.value.code is Code.DATA_LOSS and "digest" in e.value.message
 
     (tmp_path / "manifest.json").write_text(text[: len(text) // 2])
     with pytest.raises(CkptdError) as e:
-        load_manifest(tmp_path)
+        load_manifest(tmp_path, key)
     assert e.value.code is Code.DATA_LOSS
 
     (tmp_path / "manifest.json").write_text(text)
     (tmp_path / "proc-2" / "pages.img").unlink()
     with pytest.raises(CkptdError) as e:
-        verify_files(tmp_path, load_manifest(tmp_path))
+        verify_files(tmp_path, load_manifest(tmp_path, key))
     assert "missing" in e.value.message
 
 

@@ -10,6 +10,7 @@ exits with the job's own status.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -17,9 +18,9 @@ from typing import Any
 
 import grpc
 
-from ckptd import __version__
+from ckptd import __version__, limits
 from ckptd.daemon import coordinator_address
-from ckptd.errors import EXIT_FAILED, EXIT_USAGE, CkptdError, Code
+from ckptd.errors import EXIT_FAILED, CkptdError, Code
 from ckptd.paths import Home
 from ckptd.rpc import agent_stub, call, coordinator_stub
 from ckptd.v1 import ckptd_pb2 as pb
@@ -60,7 +61,7 @@ def _job_exit(st: pb.JobStatus) -> int:
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
-    resp = call(_coordinator().ListJobs, pb.ListJobsRequest(), 30, "coordinator")
+    resp = call(_coordinator().ListJobs, pb.ListJobsRequest(show_env=args.show_env), 30, "coordinator")
     if args.json:
         print_json(list(resp.jobs))
         return 0
@@ -96,7 +97,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         describe()
         if in_flight[0]:
             watch_progress(describe, lambda: in_flight[0])
-    st = call(coord.GetJob, pb.GetJobRequest(job=args.job), 30, "coordinator")
+    st = call(coord.GetJob, pb.GetJobRequest(job=args.job, show_env=args.show_env), 30, "coordinator")
     if args.json:
         d = to_dict(st)
         d["pids"] = list(st.pids)
@@ -110,6 +111,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         f"log:        {st.log_path}",
         f"restarts:   {st.generation}",
     ]
+    if args.show_env:
+        lines.append("environment:")
+        lines += [f"  {k}={v}" for k, v in sorted(st.spec.env.items())]
     if st.operation:
         lines.append(f"in flight:  {progress_text(st)}")
     if st.last_checkpoint.name:
@@ -173,6 +177,7 @@ def _phase(coord: pb_grpc.CoordinatorStub, job: str) -> pb.JobStatus:
 
 
 def cmd_checkpoint(args: argparse.Namespace) -> int:
+    limits.in_range("--timeout", args.timeout, 0.001, limits.MAX_QUIESCE_S, "seconds")
     coord = _coordinator()
     info = with_progress(
         lambda: call(
@@ -197,6 +202,7 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
 
 
 def cmd_restart(args: argparse.Namespace) -> int:
+    limits.in_range("--from", args.from_id, 1, limits.MAX_CHECKPOINT_ID)
     coord = _coordinator()
     req = pb.RestartRequest(
         job=args.job, from_id=args.from_id or 0, placement=args.on or [], force=args.force,
@@ -223,9 +229,7 @@ def cmd_restart(args: argparse.Namespace) -> int:
 
 def cmd_prune(args: argparse.Namespace) -> int:
     for flag, value in (("--keep", args.keep), ("--keep-every", args.keep_every)):
-        if value is not None and value < 1:
-            note(f"error: {flag} must be at least 1")
-            return EXIT_USAGE
+        limits.in_range(flag, value, 1, limits.MAX_COUNT)
     req = pb.PruneRequest(job=args.job, keep_last=args.keep or 0, keep_every=args.keep_every or 0)
     resp = call(_coordinator().Prune, req, LONG_RPC_S, "coordinator")
     if args.json:
@@ -245,6 +249,7 @@ def cmd_kill(args: argparse.Namespace) -> int:
 
 
 def cmd_wait(args: argparse.Namespace) -> int:
+    limits.in_range("--timeout", args.timeout, 0.001, limits.MAX_WAIT_S, "seconds")
     coord = _coordinator()
     deadline = time.monotonic() + args.timeout if args.timeout else None
     told_failed = -1
@@ -336,19 +341,28 @@ def cmd_nodes(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
+    from ckptd.image import seal
     from ckptd.image.core import CoreImage
     from ckptd.image.manifest import load_manifest, verify_files
     from ckptd.image.transfer import read_upload_record, verify_shared_copy
 
     path = Path(args.checkpoint)
-    manifest = load_manifest(path)
+    try:  # only the daemons' user can read the manifest key: others see the checksums only
+        key: bytes | None = seal.key()
+        authenticity = "checked"
+    except CkptdError as e:
+        key, authenticity = None, f"not checked ({e.message})"
+    manifest = load_manifest(path, key, authenticate=key is not None)
     if args.verify and read_upload_record(path):  # a shared-tier copy: memory images may be compressed
         verify_shared_copy(path, manifest)
     elif args.verify:
         verify_files(path, manifest)
     procs: list[dict[str, Any]] = []
     # a multi-node checkpoint: each rank's part is a checkpoint of its own
-    parts = [(path / r["dir"], load_manifest(path / r["dir"]), r) for r in manifest.get("ranks", [])]
+    parts = [
+        (path / r["dir"], load_manifest(path / r["dir"], key, authenticate=key is not None), r)
+        for r in manifest.get("ranks", [])
+    ]
     # (verified above: the job's manifest lists every rank's files and manifest)
     for sub, m, rank in parts or [(path, manifest, None)]:
         for p in m.get("processes", []):
@@ -364,6 +378,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         "timings": manifest.get("timings"),
         "sizes": manifest.get("sizes"),
         "verified": bool(args.verify),
+        "authenticity": authenticity,
         "processes": procs,
         "written_files": [w["path"] for w in manifest.get("written_files", [])],
     }
@@ -373,6 +388,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     say(
         f"{path.name}: job {out['job']}, created {out['created']} on {out['node']}"
         + (", checksums OK" if args.verify else "")
+        + (", authentic" if key is not None else f"; authenticity {authenticity}")
     )
     for p in procs:
         say(
@@ -392,7 +408,7 @@ def cmd_shutdown(args: argparse.Namespace) -> int:
         coord = _coordinator(start=False)
         call(coord.Shutdown, pb.Empty(), 10, "coordinator")
     except CkptdError as e:
-        if e.code is Code.UNAVAILABLE:
+        if e.code is Code.UNAVAILABLE and not os.environ.get("CKPTD_COORDINATOR"):
             say("no local ckptd daemon is running")
             return 0
         raise
@@ -420,8 +436,13 @@ def parser() -> argparse.ArgumentParser:
         sp.set_defaults(func=fn)
         return sp
 
-    add("jobs", cmd_jobs, "list jobs", job=False)
+    jobs_p = add("jobs", cmd_jobs, "list jobs", job=False)
     status_p = add("status", cmd_status, "show a job's state, node, last checkpoint and live processes")
+    for sp in (jobs_p, status_p):
+        sp.add_argument(
+            "--show-env", action="store_true",
+            help="include the environment the job was launched with (hidden otherwise: it may hold tokens)",
+        )  # fmt: skip
     status_p.add_argument(
         "--watch",
         action="store_true",

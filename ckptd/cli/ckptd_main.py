@@ -3,8 +3,9 @@
 ckptd launch [--job NAME] [--ckpt-dir DIR] [--interval SECONDS] -- CMD [ARGS...]
 ckptd launch --stage-dir FAST --ckpt-dir SHARED [--compress zstd|auto] -- CMD ...
 ckptd launch --ranks N [--nodes A,B,...] [--auto-restart] -- CMD {rank} ...
-ckptd coordinator [--listen ADDR]
-ckptd agent --coordinator ADDR --node NAME [--listen ADDR] [--ip ADDRESS]
+ckptd coordinator [--listen ADDR] [--tls DIR] [--admin NAME ...]
+ckptd agent --coordinator ADDR --node NAME [--listen ADDR] [--ip ADDRESS] [--tls DIR] [--admin NAME ...]
+ckptd certs ca --dir DIR | certs issue --ca DIR --out DIR (--user|--node|--coordinator) NAME [--host H ...]
 ckptd daemon                     (the embedded coordinator + agent; started on demand)
 """
 
@@ -16,27 +17,38 @@ import os
 import signal
 import sys
 import threading
+from pathlib import Path
 
 import grpc
 
-from ckptd import __version__
+from ckptd import __version__, limits, tls
+from ckptd.auth import DEFAULT_ADMINS
 from ckptd.daemon import (
     DEFAULT_IDLE_EXIT_S,
+    Security,
     coordinator_address,
     run_agent,
     run_coordinator,
     run_local,
     setup_logging,
 )
-from ckptd.errors import EXIT_USAGE, CkptdError
+from ckptd.errors import EXIT_USAGE, CkptdError, Code
+from ckptd.image import crypt, seal
 from ckptd.paths import Home, default_node
 from ckptd.rpc import agent_stub, call, coordinator_stub
+from ckptd.tls import TlsFiles
 from ckptd.v1 import ckptd_pb2 as pb
 from ckptd.v1 import ckptd_pb2_grpc as pb_grpc
 
 from .common import note, run_main, setup_cli_logging
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def current_umask() -> int:
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
 
 
 def exit_status(status: pb.JobStatus) -> int:
@@ -49,6 +61,35 @@ def exit_status(status: pb.JobStatus) -> int:
     return status.exit_code
 
 
+def encryption_of(args: argparse.Namespace) -> tuple[str, str]:
+    """launch --encrypt: the key file's absolute path and the key's check
+    value ("", "" without --encrypt); a one-line error for a bad key file,
+    a CPU without AES-NI, or an option that cannot work on ciphertext."""
+    if not (args.encrypt or args.encrypt_key):
+        return "", ""
+    path = args.encrypt_key or os.environ.get(crypt.KEY_ENV, "")
+    if not path:
+        raise CkptdError(
+            Code.INVALID_ARGUMENT,
+            f"--encrypt needs a key: --encrypt-key FILE, or ${crypt.KEY_ENV} naming the file "
+            "(32 bytes, raw or hex; make one with: head -c 32 /dev/urandom > FILE; chmod 600 FILE)",
+        )
+    if args.dedup:
+        raise CkptdError(
+            Code.INVALID_ARGUMENT, "--dedup compares pages across ranks, which --encrypt hides: use one or the other"
+        )
+    if args.compress != "off":
+        raise CkptdError(
+            Code.INVALID_ARGUMENT, "--compress cannot shrink encrypted images: leave it out with --encrypt"
+        )
+    if not crypt.cpu_supported():
+        raise CkptdError(
+            Code.FAILED_PRECONDITION, "--encrypt needs a CPU with AES-NI and PCLMULQDQ, which this one lacks"
+        )
+    key = crypt.read_key_file(path)
+    return os.path.abspath(path), crypt.key_check(key)
+
+
 def cmd_launch(args: argparse.Namespace) -> int:
     argv = list(args.command)
     if argv and argv[0] == "--":
@@ -56,16 +97,13 @@ def cmd_launch(args: argparse.Namespace) -> int:
     if not argv:
         note("error: no command given; usage: ckptd launch [--job NAME] -- CMD [ARGS...]")
         return EXIT_USAGE
-    if args.interval is not None and args.interval <= 0:
-        note("error: --interval must be a positive number of seconds")
-        return EXIT_USAGE
+    if args.interval is not None:  # a checkpoint storm (1e-9, nan) or never (inf): refused
+        limits.in_range("--interval", args.interval, limits.MIN_INTERVAL_S, limits.MAX_INTERVAL_S, "seconds")
     for flag, value in (("--keep", args.keep), ("--keep-every", args.keep_every), ("--full-every", args.full_every)):
-        if value is not None and value < 1:
-            note(f"error: {flag} must be at least 1")
-            return EXIT_USAGE
-    if args.ranks is not None and args.ranks < 1:
-        note("error: --ranks must be at least 1")
-        return EXIT_USAGE
+        limits.in_range(flag, value, 1, limits.MAX_COUNT)
+    limits.in_range("--ranks", args.ranks, 1, limits.MAX_RANKS)
+    if args.job is not None:
+        limits.check_job_name(args.job)
     if args.dedup and not (args.ranks or args.nodes):
         note("error: --dedup stores pages once across the ranks of a job: add --ranks N or --nodes A,B")
         return EXIT_USAGE
@@ -76,6 +114,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
         note("error: --compress applies to the shared tier: add --stage-dir FAST_DIR (checkpoints commit there, "
              "then go up to --ckpt-dir compressed)")  # fmt: skip
         return EXIT_USAGE
+    key_file, key_check = encryption_of(args)
     home = Home.from_env()
     address = coordinator_address(home)
     spec = pb.JobSpec(
@@ -95,11 +134,15 @@ def cmd_launch(args: argparse.Namespace) -> int:
         keep_every=args.keep_every or 0,
         full_every=args.full_every or 0,
         dedup=args.dedup,
+        encrypt_key_file=key_file,
+        encrypt_key_check=key_check,
+        umask=current_umask(),
     )
     multi = bool(spec.nranks or spec.nodes)
     node = "" if multi else args.node or (default_node() if os.environ.get("CKPTD_COORDINATOR") else "")
     coord = coordinator_stub(address)
-    resp = call(coord.LaunchJob, pb.LaunchJobRequest(spec=spec, node=node), 90, "coordinator")
+    request = pb.LaunchJobRequest(spec=spec, node=node, as_user=args.as_user or "")
+    resp = call(coord.LaunchJob, request, 90, "coordinator")
     job = resp.status.name
     note(f"ckptd: job {job}")
     if args.detach:
@@ -167,10 +210,16 @@ def _wait_ranks(coord: pb_grpc.CoordinatorStub, job: str, rank0: pb.JobStatus) -
             return st
 
 
+def _tls(args: argparse.Namespace) -> TlsFiles | None:
+    d = args.tls or tls.default_dir()
+    return TlsFiles.load(d) if d else None
+
+
 def cmd_coordinator(args: argparse.Namespace) -> int:
     home = Home.from_env()
     setup_logging(home, "coordinator", args.verbose)
-    run_coordinator(home, args.listen or f"unix:{home.coordinator_socket}")
+    security = Security(_tls(args), tuple(args.admin or DEFAULT_ADMINS))
+    run_coordinator(home, args.listen or f"unix:{home.coordinator_socket}", security=security)
     return 0
 
 
@@ -178,7 +227,20 @@ def cmd_agent(args: argparse.Namespace) -> int:
     home = Home.from_env()
     node = args.node or default_node()
     setup_logging(home, f"agent-{node}", args.verbose)
-    run_agent(home, node, args.coordinator, args.listen or f"unix:{home.agent_socket(node)}", ip=args.ip or "")
+    security = Security(_tls(args), tuple(args.admin or DEFAULT_ADMINS))
+    listen = args.listen or f"unix:{home.agent_socket(node)}"
+    run_agent(home, node, args.coordinator, listen, ip=args.ip or "", security=security)
+    return 0
+
+
+def cmd_certs(args: argparse.Namespace) -> int:
+    if args.certs_command == "ca":
+        d = tls.make_ca(Path(args.dir))
+        note(f"ckptd: CA in {d} (ca.key stays here, 0600; hand out ca.pem)")
+        return 0
+    role, name = next((r, getattr(args, r)) for r in tls.ROLES if getattr(args, r))
+    out = tls.issue(Path(args.ca), Path(args.out), name, role, hosts=args.host or None, days=args.days)
+    note(f"ckptd: {role} certificate for {name} in {out} (use it with --tls {out} or CKPTD_TLS_DIR={out})")
     return 0
 
 
@@ -187,6 +249,23 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     setup_logging(home, "daemon", args.verbose)
     run_local(home, args.idle_exit)
     return 0
+
+
+def _security_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--tls", metavar="DIR",
+        help="this daemon's TLS directory (ca.pem, cert.pem, key.pem from `ckptd certs issue`); needed to "
+        "listen on or dial a TCP address (default: $CKPTD_TLS_DIR, else $CKPTD_HOME/tls if present)",
+    )  # fmt: skip
+    p.add_argument(
+        "--admin", action="append", metavar="USER",
+        help="a user who may act on every job and shut the daemon down (repeatable; default: root)",
+    )  # fmt: skip
+    p.add_argument(
+        "--manifest-key", metavar="FILE",
+        help="the key that seals checkpoint manifests, the same file (0600) on every node and the coordinator "
+        "(default: $CKPTD_MANIFEST_KEY, else $CKPTD_HOME/manifest.key, made on first use)",
+    )  # fmt: skip
 
 
 def parser() -> argparse.ArgumentParser:
@@ -238,6 +317,12 @@ def parser() -> argparse.ArgumentParser:
         help="with --ranks or --nodes: pages a rank holds exactly as rank 0 does (data-parallel weights) "
         "are stored once per checkpoint, in rank 0's image",
     )  # fmt: skip
+    launch.add_argument(
+        "--encrypt", action="store_true",
+        help="encrypt memory images, saved files and the logs kept in checkpoints (AES-256-GCM) with the key "
+        f"in --encrypt-key FILE or the file ${crypt.KEY_ENV} names (32 bytes, raw or hex, mode 0600)",
+    )  # fmt: skip
+    launch.add_argument("--encrypt-key", metavar="FILE", help="the key file for --encrypt (implies --encrypt)")
     launch.add_argument("--node", help="run on this node (default: this machine's agent)")
     launch.add_argument(
         "--ranks", type=int, metavar="N",
@@ -258,6 +343,11 @@ def parser() -> argparse.ArgumentParser:
         help="on SIGTERM: take a final checkpoint and stop the job (default), or pass SIGTERM to it",
     )  # fmt: skip
     launch.add_argument("--detach", action="store_true", help="print the job name and return at once")
+    launch.add_argument(
+        "--as-user", metavar="USER",
+        help="an admin launching for a user (a Slurm prolog, an operator): the job is USER's, runs as USER "
+        "and only USER (or an admin) may drive it",
+    )  # fmt: skip
     launch.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]")
     launch.set_defaults(func=cmd_launch)
 
@@ -266,6 +356,7 @@ def parser() -> argparse.ArgumentParser:
         "--listen",
         help="address to serve on: HOST:PORT or unix:PATH (default: unix socket in CKPTD_HOME's run dir)",
     )
+    _security_flags(coord)
     coord.set_defaults(func=cmd_coordinator)
 
     agent = sub.add_parser("agent", help="run this node's agent")
@@ -277,7 +368,33 @@ def parser() -> argparse.ArgumentParser:
         help="this node's address for traffic between the ranks of multi-node jobs "
         "(their virtual IPs are routed through it)",
     )
+    _security_flags(agent)
     agent.set_defaults(func=cmd_agent)
+
+    certs = sub.add_parser(
+        "certs",
+        help="make a cluster CA and issue node, coordinator and user certificates (mutual TLS)",
+        description="Every TCP listener of ckptd demands a client certificate from the cluster's CA. "
+        "`certs ca` makes the CA; `certs issue` makes a TLS directory (ca.pem, cert.pem, key.pem) for one "
+        "identity: a user (jobs run as that user), a node's agent, or the coordinator.",
+    )
+    csub = certs.add_subparsers(dest="certs_command", required=True, metavar="WHAT")
+    ca = csub.add_parser("ca", help="make a new CA (ca.pem, ca.key) in DIR")
+    ca.add_argument("--dir", required=True, help="where the CA goes (created 0700)")
+    iss = csub.add_parser("issue", help="issue one identity's certificate into a new TLS directory")
+    iss.add_argument("--ca", required=True, metavar="DIR", help="the CA's directory (from `certs ca`)")
+    iss.add_argument("--out", required=True, metavar="DIR", help="the TLS directory to create")
+    who = iss.add_mutually_exclusive_group(required=True)
+    who.add_argument("--user", metavar="NAME", help="a user: its jobs run as this user name on every node")
+    who.add_argument("--node", metavar="NAME", help="a node's agent (the name it registers as)")
+    who.add_argument("--coordinator", metavar="NAME", help="the coordinator")
+    iss.add_argument(
+        "--host", action="append", metavar="HOST",
+        help="a host name or IP clients dial this node or coordinator by (repeatable; "
+        "default: NAME, localhost, 127.0.0.1)",
+    )  # fmt: skip
+    iss.add_argument("--days", type=int, default=825, help="validity (default 825)")
+    certs.set_defaults(func=cmd_certs)
 
     daemon = sub.add_parser("daemon", help="coordinator and local agent in one process (started on demand)")
     daemon.add_argument(
@@ -291,6 +408,8 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     setup_cli_logging(args.verbose)
+    if getattr(args, "manifest_key", None):  # read by the daemon at its start (ckptd/image/seal.py)
+        os.environ[seal.KEY_ENV] = os.path.abspath(args.manifest_key)
     return run_main(lambda: args.func(args))
 
 

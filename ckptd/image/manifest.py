@@ -5,12 +5,19 @@ manifest is the last file written into the temporary checkpoint directory;
 the directory is then renamed into place, so a checkpoint directory without a
 valid manifest was never committed.  `digest` covers the rest of the
 manifest; `files` lists every other file with its size and xxh3-128.
+
+`hmac_sha256` authenticates it: an HMAC-SHA256, keyed with the
+installation's manifest key (seal.py), over the manifest's canonical bytes
+(every field but itself and `digest`).  xxh3 finds damage; the MAC finds
+forgery: a manifest edited by hand, its digests recomputed, fails it, and
+is refused as a corrupt one is, before anything is touched.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,30 +26,40 @@ from typing import Any
 import xxhash
 
 from ckptd.errors import CkptdError, Code
+from ckptd.image import seal
 from ckptd.image.checksum import ALGORITHM, hash_file
+from ckptd.nofollow import create_file
 
 SCHEMA = "ckptd.checkpoint/1"
 MANIFEST = "manifest.json"
 
 
+MAC = "hmac_sha256"
+
+
+def _canonical(manifest: dict[str, Any], *leave_out: str) -> bytes:
+    body = {k: v for k, v in manifest.items() if k not in leave_out}
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
 def _digest(manifest: dict[str, Any]) -> str:
-    body = {k: v for k, v in manifest.items() if k != "digest"}
-    canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
-    return xxhash.xxh3_128_hexdigest(canonical)
+    return xxhash.xxh3_128_hexdigest(_canonical(manifest, "digest"))
 
 
-def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
-    manifest = dict(manifest, schema=SCHEMA)
+def write_manifest(directory: Path, manifest: dict[str, Any], key: bytes | None = None) -> None:
+    """Sealed with key (default: the daemon's, seal.key()); a new file, 0600,
+    never through a symlink."""
+    manifest = {k: v for k, v in manifest.items() if k not in ("digest", MAC)}
+    manifest["schema"] = SCHEMA
+    manifest[MAC] = seal.mac(key if key is not None else seal.key(), _canonical(manifest))
     manifest["digest"] = _digest(manifest)
-    path = directory / MANIFEST
-    with open(path, "w") as f:
-        json.dump(manifest, f, indent=1, sort_keys=True)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
+    create_file(directory / MANIFEST, (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
 
 
-def load_manifest(directory: Path) -> dict[str, Any]:
+def load_manifest(directory: Path, key: bytes | None = None, *, authenticate: bool = True) -> dict[str, Any]:
+    """The manifest, whole (its digest) and authentic (its MAC under key,
+    default the daemon's); authenticate=False skips the MAC (`ckptctl
+    inspect` run by someone who cannot read the key says so)."""
     path = directory / MANIFEST
     try:
         manifest = json.loads(path.read_text())
@@ -54,11 +71,37 @@ def load_manifest(directory: Path) -> dict[str, Any]:
         raise CkptdError(Code.DATA_LOSS, f"checkpoint {directory.name}: unknown manifest schema")
     if manifest.get("digest") != _digest(manifest):
         raise CkptdError(Code.DATA_LOSS, f"checkpoint {directory.name}: manifest digest mismatch (corrupted)")
+    if authenticate:
+        check_mac(directory.name, manifest, key if key is not None else seal.key())
     return manifest
 
 
+def check_mac(name: str, manifest: dict[str, Any], key: bytes) -> None:
+    hint = "restart from another checkpoint with --from ID (`ckptctl list JOB`)"
+    if MAC not in manifest:
+        raise CkptdError(
+            Code.DATA_LOSS,
+            f"checkpoint {name} has no authentication code: it was committed by a ckptd that did not seal "
+            f"its manifests, or forged; it cannot be trusted, {hint}",
+        )
+    if not seal.matches(key, _canonical(manifest, "digest", MAC), manifest[MAC]):
+        raise CkptdError(
+            Code.DATA_LOSS,
+            f"checkpoint {name}: manifest fails its authentication (edited, or sealed with another manifest key); "
+            f"{hint}",
+        )
+
+
 def list_files(directory: Path) -> list[Path]:
-    return sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST)
+    """Every regular file under directory (a symlink is never a checkpoint's
+    file: a restart would read whatever it points at)."""
+    out = []
+    for dirpath, _dirs, names in os.walk(directory):
+        for name in names:
+            p = Path(dirpath) / name
+            if p.name != MANIFEST and stat.S_ISREG(p.lstat().st_mode):
+                out.append(p)
+    return sorted(out)
 
 
 def checksum_entries(
@@ -108,11 +151,16 @@ def verify_files(
     for entry in manifest.get("files", []):
         path = directory / entry["path"]
         try:
-            size = path.stat().st_size
+            st = path.lstat()
         except OSError as e:
             raise CkptdError(
                 Code.DATA_LOSS, f"checkpoint {name} is incomplete: {entry['path']} is missing; {hint}"
             ) from e
+        if not stat.S_ISREG(st.st_mode):
+            raise CkptdError(
+                Code.DATA_LOSS, f"checkpoint {name} is corrupt: {entry['path']} is not a regular file; {hint}"
+            )
+        size = st.st_size
         if size != entry["size"]:
             raise CkptdError(
                 Code.DATA_LOSS,

@@ -3,7 +3,8 @@
  *
  *   ckptd-init --log FILE --index FILE --control SOCKET --exit-file FILE
  *              [--userns] [--restore] [--netns PATH] [--hostname NAME]
- *              [--hosts FILE] -- PROGRAM [ARGS...]
+ *              [--hosts FILE] [--user UID --group GID --groups G,G...]
+ *              -- PROGRAM [ARGS...]
  *
  * Three processes, so that the job's pids are its own and its output
  * outlives the agent:
@@ -27,6 +28,12 @@
  * --userns (non-root): a user namespace mapping only the caller's own uid
  * and gid, which is what makes the pid namespace possible without root.
  *
+ * --user, --group, --groups (a root agent running a job of another user,
+ * agent/owner.py): right after joining the rank's namespaces, before it
+ * opens anything, ckptd-init becomes that user (groups, gid, uid: every
+ * capability goes) and goes on as that user's own daemon would have
+ * started it, with --userns.
+ *
  * --netns PATH, --hostname NAME (a rank of a multi-node job): the whole
  * incarnation joins the rank's network namespace, which the agent made with
  * the rank's own address, and gets its own UTS namespace with the rank's
@@ -39,6 +46,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
@@ -63,6 +71,12 @@
 struct options {
     const char *log, *index, *control, *exit_file, *netns, *hostname, *hosts;
     int userns, restore;
+    int keep_fd;           /* --keep-fd: one descriptor the program inherits (the restorer's key), else -1 */
+    int drop;              /* --user given */
+    uid_t uid;
+    gid_t gid;
+    int ngroups;
+    gid_t groups[64];
     char **argv;
 };
 
@@ -81,13 +95,39 @@ static void die(const char *what)
 static void usage(void)
 {
     fprintf(stderr, "usage: ckptd-init --log FILE --index FILE --control SOCKET --exit-file FILE "
-                    "[--userns] [--restore] [--netns PATH] [--hostname NAME] [--hosts FILE] -- PROGRAM [ARGS...]\n");
+                    "[--userns] [--restore] [--netns PATH] [--hostname NAME] [--hosts FILE] "
+                    "[--user UID --group GID --groups G,G...] -- PROGRAM [ARGS...]\n");
     exit(125);
+}
+
+static unsigned long parse_id(const char *s)
+{
+    char *end;
+    errno = 0;
+    unsigned long v = strtoul(s, &end, 10);
+    if (errno || end == s || *end || v >= 0xFFFFFFFFul)
+        usage();
+    return v;
+}
+
+static void parse_groups(const char *list, struct options *o)
+{
+    char buf[1024], *save = NULL;
+    if (strlen(list) >= sizeof(buf))
+        usage();
+    strcpy(buf, list);
+    o->ngroups = 0;
+    for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (o->ngroups >= (int)(sizeof(o->groups) / sizeof(o->groups[0])))
+            usage();
+        o->groups[o->ngroups++] = (gid_t)parse_id(t);
+    }
 }
 
 static void parse(int argc, char **argv, struct options *o)
 {
     memset(o, 0, sizeof(*o));
+    o->keep_fd = -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--")) {
@@ -97,6 +137,10 @@ static void parse(int argc, char **argv, struct options *o)
             o->userns = 1;
         } else if (!strcmp(a, "--restore")) {
             o->restore = 1;
+        } else if (i + 1 < argc && !strcmp(a, "--keep-fd")) {
+            o->keep_fd = (int)parse_id(argv[++i]);
+            if (o->keep_fd < 3)
+                usage();
         } else if (i + 1 < argc && !strcmp(a, "--log")) {
             o->log = argv[++i];
         } else if (i + 1 < argc && !strcmp(a, "--index")) {
@@ -111,12 +155,21 @@ static void parse(int argc, char **argv, struct options *o)
             o->hostname = argv[++i];
         } else if (i + 1 < argc && !strcmp(a, "--hosts")) {
             o->hosts = argv[++i];
+        } else if (i + 1 < argc && !strcmp(a, "--user")) {
+            o->drop = 1;
+            o->uid = (uid_t)parse_id(argv[++i]);
+        } else if (i + 1 < argc && !strcmp(a, "--group")) {
+            o->gid = (gid_t)parse_id(argv[++i]);
+        } else if (i + 1 < argc && !strcmp(a, "--groups")) {
+            parse_groups(argv[++i], o);
         } else {
             usage();
         }
     }
     if (!o->log || !o->index || !o->control || !o->exit_file || !o->argv || !o->argv[0])
         usage();
+    if (o->drop && (o->uid == 0 || o->gid == 0 || o->ngroups == 0))
+        usage();  /* --user is for dropping root, with --group and --groups */
 }
 
 static int write_all(int fd, const void *p, size_t n)
@@ -166,11 +219,33 @@ static void enter_rank_namespaces(const struct options *o)
     }
 }
 
+/* --user: become the job's owner for good (no way back to root, no
+ * capability left) before anything is opened; dumpable again, so that the
+ * user namespace's maps can be written */
+static void drop_privileges(const struct options *o)
+{
+    if (!o->drop)
+        return;
+    if (setgroups((size_t)o->ngroups, o->groups) < 0)
+        die("setgroups (the job's owner's groups)");
+    if (setresgid(o->gid, o->gid, o->gid) < 0)
+        die("setresgid (the job's owner's group)");
+    if (setresuid(o->uid, o->uid, o->uid) < 0)
+        die("setresuid (the job's owner)");
+    if (setresuid(0, 0, 0) == 0 || geteuid() != o->uid) {
+        fprintf(stderr, "ckptd-init: could not drop root for uid %u\n", (unsigned)o->uid);
+        exit(125);
+    }
+    if (prctl(PR_SET_DUMPABLE, 1, 0, 0, 0) < 0)
+        die("prctl(PR_SET_DUMPABLE)");
+    if (access(".", X_OK) < 0)
+        die("the job's working directory (as its owner)");
+}
+
 static void enter_namespaces(const struct options *o)
 {
     uid_t uid = getuid();
     gid_t gid = getgid();
-    enter_rank_namespaces(o);
     int flags = CLONE_NEWPID | CLONE_NEWNS;
     if (o->userns)
         flags |= CLONE_NEWUSER;
@@ -209,7 +284,13 @@ static void run_job(const struct options *o, int out_w, int err_w)
         die("/dev/null");
     if (dup2(devnull, 0) < 0 || dup2(out_w, 1) < 0 || dup2(err_w, 2) < 0)
         die("dup2");
-    closefrom(3);
+    if (o->keep_fd >= 3) {  /* launch --encrypt: the key's memfd, which the restorer reads and closes */
+        if (o->keep_fd > 3)
+            close_range(3, (unsigned)o->keep_fd - 1, 0);
+        closefrom(o->keep_fd + 1);
+    } else {
+        closefrom(3);
+    }
     if (setsid() < 0)
         die("setsid");
     sigset_t none;
@@ -248,6 +329,8 @@ static void run_reaper(const struct options *o, int out_w, int err_w, int status
     }
     close(out_w);
     close(err_w);
+    if (o->keep_fd >= 3)
+        close(o->keep_fd);
     for (;;) {
         int st;
         pid_t p = wait(&st);
@@ -342,11 +425,28 @@ static int listen_control(const char *path)
     return fd;
 }
 
+/* The job's log or index, private to its user.  Never through a symbolic
+   link, nor into anything but a regular file (a FIFO would block us): the
+   checkpoint directory may be shared, and someone may have planted one. */
 static int open_append(const char *path, uint64_t *size)
 {
-    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
     struct stat st;
+    if (fd < 0 && errno == ELOOP) {
+        fprintf(stderr, "ckptd-init: %s is a symbolic link: refusing to write the job's output through it; "
+                        "remove it or choose another --job name\n", path);
+        exit(125);
+    }
     if (fd < 0 || fstat(fd, &st) < 0)
+        die(path);
+    if (!S_ISREG(st.st_mode)) {
+        fprintf(stderr, "ckptd-init: %s is not a regular file: refusing to write the job's output to it; "
+                        "remove it or choose another --job name\n", path);
+        exit(125);
+    }
+    if (fcntl(fd, F_SETFL, O_APPEND) < 0)
+        die(path);
+    if ((st.st_mode & 077) && st.st_uid == geteuid() && fchmod(fd, 0600) < 0)
         die(path);
     *size = (uint64_t)st.st_size;
     return fd;
@@ -375,7 +475,7 @@ static void write_exit_file(const char *path, int status)
     else
         snprintf(text, sizeof(text), "{\"exit_code\": %d}\n", WEXITSTATUS(status));
     snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (fd < 0)
         return;
     int ok = write_all(fd, text, strlen(text)) == 0 && fsync(fd) == 0;
@@ -392,6 +492,8 @@ int main(int argc, char **argv)
     parse(argc, argv, &o);
     signal(SIGPIPE, SIG_IGN);
     signal(SIGHUP, SIG_IGN);
+    enter_rank_namespaces(&o);  /* the host's CAP_SYS_ADMIN: before dropping it */
+    drop_privileges(&o);
     unlink(o.exit_file);
     r.log_fd = open_append(o.log, &r.log_size);
     r.index_fd = open_append(o.index, &r.index_size);
@@ -414,6 +516,8 @@ int main(int argc, char **argv)
     close(out[1]);
     close(err[1]);
     close(st[1]);
+    if (o.keep_fd >= 3)
+        close(o.keep_fd);  /* the relay has no use for it */
     r.pipes[0] = out[0];
     r.pipes[1] = err[0];
     for (int i = 0; i < 2; i++) {

@@ -126,3 +126,109 @@ void rst_parse_image(struct rst_image *im, const uint8_t *core, uint64_t size)
             rst_fail("corrupt image: descriptor table", 0, 0);
     }
 }
+
+/* ---- encryption at rest: sealed pages files (image_format.h, CK_GCM_*) ---- */
+
+void rst_seal_key(void)
+{
+    uint8_t raw[CK_GCM_KEY_BYTES];
+    if (rst.key_fd < 0)
+        return;
+    long n = ck_pread(rst.key_fd, raw, sizeof(raw), 0);
+    ck_close(rst.key_fd);
+    rst.key_fd = -1;
+    if (n != (long)sizeof(raw))
+        rst_fail("cannot read the encryption key from --key-fd", 0, n < 0 ? n : -EIO);
+    if (!ck_gcm_supported())
+        rst_fail("this CPU lacks AES-NI or PCLMULQDQ: it cannot decrypt an encrypted checkpoint", 0, 0);
+    ck_gcm_init(&rst.key, raw);
+    ck_gcm_wipe(raw, sizeof(raw));
+    rst.sealed = 1;
+}
+
+static void side_path(char *out, size_t cap, const struct rst_image *im, uint64_t i)
+{
+    struct ck_buf b;
+    ck_buf_init(&b, out, cap);
+    ck_buf_str(&b, rst.image_dir);
+    if (i == 0) {
+        ck_buf_str(&b, "/pages.img");
+    } else {
+        for (uint32_t d = 0; d < im->proc->job_depth; d++)
+            ck_buf_str(&b, "/..");
+        ck_buf_str(&b, "/");
+        ck_buf_str(&b, rst_str(im, im->sources[i - 1].path));
+    }
+    ck_buf_str(&b, CK_GCM_SUFFIX);
+}
+
+void rst_seal_open(const struct rst_image *im)
+{
+    char path[2100];
+    rst.nside = (uint32_t)im->nsources + 1;
+    for (uint64_t i = 0; i <= im->nsources; i++) {
+        side_path(path, sizeof(path), im, i);
+        long fd = ck_open(path, O_RDONLY | O_CLOEXEC, 0);
+        if (fd < 0 && rst.sealed)
+            rst_fail("the job is encrypted but this memory image is not (its .gcm file is missing)", path, fd);
+        if (fd >= 0 && !rst.sealed)
+            rst_fail("this memory image is encrypted: the restart needs the job's key", path, 0);
+        if (fd < 0) {
+            rst.side_fd[i] = -1;
+            continue;
+        }
+        struct stat st;
+        long rc = ck_fstat((int)fd, &st);
+        if (rc < 0)
+            rst_fail("cannot stat a memory image's .gcm file", path, rc);
+        long high = ck_fcntl((int)fd, F_DUPFD_CLOEXEC, rst.maxfd + 512);
+        ck_close((int)fd);
+        if (high < 0)
+            rst_fail("cannot move a descriptor", path, high);
+        rst.side_fd[i] = (int)high;
+        rst.side_len[i] = (uint64_t)st.st_size;
+    }
+}
+
+uint64_t rst_seal_space(void)
+{
+    if (!rst.sealed)
+        return 0;
+    uint64_t n = CK_GCM_CHUNK;
+    for (uint32_t i = 0; i < rst.nside; i++)
+        if (rst.side_fd[i] >= 0)
+            n += (rst.side_len[i] + 15) & ~15ull;
+    return n;
+}
+
+void rst_seal_load(uint8_t *area)
+{
+    if (!rst.sealed)
+        return;
+    uint64_t at = CK_GCM_CHUNK;  /* the scratch chunk first */
+    rst.seal_scratch = (uint64_t)area;
+    for (uint32_t i = 0; i < rst.nside; i++) {
+        if (rst.side_fd[i] < 0)
+            continue;
+        rst_pread_all(rst.side_fd[i], area + at, rst.side_len[i], 0, "cannot read a memory image's .gcm file");
+        ck_close(rst.side_fd[i]);
+        rst.side_fd[i] = -1;
+        int fd = i ? rst.source_fd[i - 1] : rst.pages_fd;
+        struct stat st;
+        if (ck_fstat(fd, &st) < 0 ||
+            ck_open_check(&rst.opened[i], fd, (uint64_t)st.st_size, area + at, rst.side_len[i]) < 0)
+            rst_fail("a memory image's .gcm file does not match it (damaged?)", i ? "an earlier checkpoint's pages.img" : "pages.img", 0);
+        at += (rst.side_len[i] + 15) & ~15ull;
+    }
+}
+
+void rst_seal_read(uint32_t i, void *dst, uint64_t len, uint64_t off)
+{
+    const struct ck_opened *o = &rst.opened[i];
+    long rc = ck_open_read(&rst.key, o, dst, len, off, (uint8_t *)rst.seal_scratch);
+    if (rc == -EBADMSG)
+        rst_fail("a memory image does not decrypt with this key, or is damaged",
+                 i ? "an earlier checkpoint's pages.img" : "pages.img", 0);
+    if (rc < 0)
+        rst_fail("cannot read pages.img (truncated?)", 0, rc);
+}

@@ -278,6 +278,34 @@ static long fill(uint64_t dst, uint64_t len, uint64_t src)
     return 0;
 }
 
+/* Encrypted images (launch --encrypt) cannot be copied from the page cache:
+ * each is an anonymous region of the pager's instead, the chunks a copy
+ * needs are decrypted into it (read, tag checked) just before, and given
+ * back right after. */
+static struct {
+    uint64_t base[CK_MAX_SOURCES + 1], size[CK_MAX_SOURCES + 1];
+    uint32_t n;
+} clear;
+
+static long fill_from(uint64_t dst, uint64_t len, uint64_t src)
+{
+    if (!rst.sealed || !src)
+        return fill(dst, len, src);
+    uint32_t i = 0;
+    while (i < clear.n && !(src >= clear.base[i] && src < clear.base[i] + clear.size[i]))
+        i++;
+    if (i == clear.n)
+        rst_fail("lazy restore: a page run outside its memory image", 0, 0);
+    uint64_t from = (src - clear.base[i]) & ~(uint64_t)(CK_GCM_CHUNK - 1);
+    uint64_t to = (src - clear.base[i] + len + CK_GCM_CHUNK - 1) & ~(uint64_t)(CK_GCM_CHUNK - 1);
+    if (to > clear.size[i])
+        to = clear.size[i];
+    rst_seal_read(i, (void *)(clear.base[i] + from), to - from, from);
+    long rc = fill(dst, len, src);
+    ck_madvise((void *)(clear.base[i] + from), to - from, MADV_DONTNEED);
+    return rc;
+}
+
 /* -EAGAIN: try again after the events */
 static long serve_fault(uint64_t addr)
 {
@@ -287,7 +315,7 @@ static long serve_fault(uint64_t addr)
         const struct pending *e = &lz.p[i];
         uint64_t w = addr & ~(FAULT_WINDOW - 1);
         uint64_t s = w > e->start ? w : e->start, t = w + FAULT_WINDOW < e->end ? w + FAULT_WINDOW : e->end;
-        long rc = fill(s, t - s, e->src + (s - e->start));
+        long rc = fill_from(s, t - s, e->src + (s - e->start));
         if (rc < 0)
             return rc;
     } else {
@@ -358,11 +386,22 @@ void rst_serve_lazy(void)
     uint8_t *core = rst_read_file(path, &rst.core_size);
     rst_parse_image(&im, core, rst.core_size);
     rst_open_pages(&im);  /* sizes checked */
+    if (rst.sealed) {
+        uint8_t *area = ck_mmap(0, rst_seal_space(), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (ck_mmap_failed(area))
+            rst_fail("out of memory", 0, (long)area);
+        rst_seal_load(area);
+    }
     uint64_t maps[CK_MAX_SOURCES + 1];
     for (uint64_t i = 0; i <= im.nsources; i++) {
         uint64_t size = i ? im.sources[i - 1].size : im.hdr->pages_size;
         int fd = i ? rst.source_fd[i - 1] : rst.pages_fd;
-        void *m = size ? ck_mmap(0, size, PROT_READ, MAP_SHARED, fd, 0) : 0;
+        void *m = !size       ? 0
+                  : rst.sealed ? ck_mmap(0, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0)
+                               : ck_mmap(0, size, PROT_READ, MAP_SHARED, fd, 0);
+        clear.base[i] = (uint64_t)m;
+        clear.size[i] = size;
+        clear.n = (uint32_t)i + 1;
         if (ck_mmap_failed(m))
             rst_fail("cannot map a memory image for the lazy restore", 0, (long)m);
         maps[i] = (uint64_t)m;
@@ -410,9 +449,9 @@ void rst_serve_lazy(void)
         uint64_t len = e->end - e->start < FILL_CHUNK ? e->end - e->start : FILL_CHUNK;
         /* the next chunk is read from storage while this one is copied */
         uint64_t rest = e->end - e->start - len;
-        if (rest)
+        if (rest && !rst.sealed)
             ck_madvise((void *)(e->src + len), rest < FILL_CHUNK ? rest : FILL_CHUNK, MADV_WILLNEED);
-        if (fill(e->start, len, e->src) == 0) {
+        if (fill_from(e->start, len, e->src) == 0) {
             e->start += len;
             e->src += len;
             if (e->start == e->end)

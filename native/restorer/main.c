@@ -52,6 +52,10 @@ static int parse_args(long argc, char **argv, char *status_path, size_t cap)
             copy_arg(rst.checkpoint_id, sizeof(rst.checkpoint_id), argv[++i], a);
         else if (!ck_strcmp(a, "--lazy"))
             rst.lazy = 1;
+        else if (!ck_strcmp(a, "--eager"))
+            rst.lazy = 0;
+        else if (!ck_strcmp(a, "--key-fd") && i + 1 < argc)
+            rst.key_fd = (int)ck_parse_u64(argv[++i], 10, 0);  /* encryption at rest: the key, never in argv */
         else if (!ck_strcmp(a, "--serve-lazy"))
             rst.serve_lazy = 1;
         else if (!ck_strcmp(a, "--fill-delay-ms") && i + 1 < argc)
@@ -164,6 +168,7 @@ void rst_open_pages(const struct rst_image *im)
     if (rc < 0 || (uint64_t)st.st_size != im->hdr->pages_size)
         rst_fail("pages.img has the wrong size (truncated image?)", path, rc);
     open_sources(im);
+    rst_seal_open(im);
 }
 
 void rst_main(long *sp)
@@ -177,6 +182,7 @@ void rst_main(long *sp)
 
     rst.status_fd = -1;
     rst.lazy_uffd = -1;
+    rst.key_fd = -1;
     ck_sigprocmask(SIG_SETMASK, &all, 0);  /* nothing interrupts a restore */
     int build = parse_args(argc, argv, status_path, sizeof(status_path));
     if (status_path[0]) {
@@ -185,6 +191,8 @@ void rst_main(long *sp)
             rst_fail("cannot create the status file", status_path, fd);
         rst.status_fd = (int)fd;
     }
+    if (!build)
+        rst_seal_key();  /* --build passes the descriptor on to the restorer of every process */
     if (build)
         rst_build();
     if (rst.serve_lazy)
@@ -252,6 +260,8 @@ void rst_main(long *sp)
     off += PARK_SIZE;
     rst.scratch_off = off;
     off += page_up(RST_SCRATCH + (uint64_t)im.nfds * 16);
+    rst.seal_off = off;
+    off += page_up(rst_seal_space());
     rst.hole_len = off;
     rst.hole_start = rst_find_hole(&im, rst.hole_len);
 
@@ -259,6 +269,7 @@ void rst_main(long *sp)
                          MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
     if (ck_mmap_failed(hole) || (uint64_t)hole != rst.hole_start)
         rst_fail("cannot map the restorer's working area", 0, ck_mmap_failed(hole) ? (long)hole : -EEXIST);
+    rst_seal_load((uint8_t *)(rst.hole_start + rst.seal_off));  /* before rst is copied: it points there */
 
     /* every field of rst is final now: copy the program (mapped parts
      * only), then the image metadata, and continue in the copy */

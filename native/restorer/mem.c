@@ -125,7 +125,10 @@ static void fill_pages(const struct rst_image *im, const struct ck_vma *v)
         int fd = run->src ? rst.source_fd[run->src - 1] : rst.pages_fd;
         if (len >= POPULATE_MIN && !(v->flags & CK_VMA_FILE))
             (void)ck_madvise((void *)run->vaddr, len, MADV_POPULATE_WRITE);  /* best effort: 5.14+ */
-        rst_pread_all(fd, (void *)run->vaddr, len, run->offset, "cannot read pages.img (truncated?)");
+        if (rst.sealed)  /* encrypted: whole chunks read, checked and decrypted */
+            rst_seal_read(run->src, (void *)run->vaddr, len, run->offset);
+        else
+            rst_pread_all(fd, (void *)run->vaddr, len, run->offset, "cannot read pages.img (truncated?)");
     }
 }
 

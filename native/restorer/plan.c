@@ -768,8 +768,12 @@ static void exec_restorer(const struct plan_proc *p)
     ck_buf_str(&b, "/restore-");
     ck_buf_u64(&b, (uint64_t)p->pid);
     ck_buf_str(&b, ".status");
+    static char key_fd[24];  /* encryption at rest: the descriptor holding the key goes on to each */
+    ck_buf_init(&b, key_fd, sizeof(key_fd));
+    ck_buf_u64(&b, (uint64_t)rst.key_fd);
     char *argv[] = {rst.self_path, (char *)p->dir, "--status-file", status, "--agent-socket", rst.agent_socket,
-                    "--checkpoint", rst.checkpoint_id, "--plan", rst.plan_path, rst.lazy ? "--lazy" : 0, 0};
+                    "--checkpoint", rst.checkpoint_id, "--plan", rst.plan_path, rst.lazy ? "--lazy" : "--eager",
+                    rst.key_fd >= 0 ? "--key-fd" : 0, key_fd, 0};
     char *envp[] = {0};
     long rc = ck_execve(rst.self_path, argv, envp);
     rst_fail("cannot run the restorer for a process", rst.self_path, rc);

@@ -15,6 +15,7 @@
 #ifndef CKPTD_RESTORER_H
 #define CKPTD_RESTORER_H
 
+#include "../common/sealed.h"
 #include "../common/sys.h"
 #include "../common/util.h"
 #include "../common/maps.h"
@@ -106,6 +107,18 @@ struct rst_state {
     char status_dir[1024];
     char self_path[1024];
     int slot_base, nslots;
+    /* encryption at rest (image.c, rst_seal_*): the key read from --key-fd,
+     * the sidecars ([0] pages.img.gcm, [i] source i's) loaded into the
+     * sealed area: a chunk of scratch, then the sidecars (in the hole) */
+    int key_fd;                  /* --key-fd, or -1 */
+    int sealed;
+    struct ck_gcm_key key;
+    uint32_t nside;              /* 1 + the image's sources */
+    int side_fd[CK_MAX_SOURCES + 1];
+    uint64_t side_len[CK_MAX_SOURCES + 1];
+    struct ck_opened opened[CK_MAX_SOURCES + 1];
+    uint64_t seal_off;           /* in the hole */
+    uint64_t seal_scratch;       /* the area's address (in the hole, which does not move) */
     int nkeys;
     struct rst_key keys[RST_MAX_KEYS];
 };
@@ -152,6 +165,13 @@ void rst_serve_lazy(void) __attribute__((noreturn));
 
 /* main.c: the memory images an image reads its pages from */
 void rst_open_pages(const struct rst_image *im);
+/* image.c: encryption at rest */
+void rst_seal_key(void);                                 /* read --key-fd's key, close it */
+void rst_seal_open(const struct rst_image *im);          /* the sidecars, after the pages files */
+uint64_t rst_seal_space(void);                           /* bytes the sealed area needs */
+void rst_seal_load(uint8_t *area);                       /* sidecars into it, checked */
+/* plaintext of pages file i (0: pages.img, i: source i) at off into dst */
+void rst_seal_read(uint32_t i, void *dst, uint64_t len, uint64_t off);
 
 /* plan.c */
 void rst_load_plan_keys(const char *path);

@@ -390,6 +390,16 @@ int ck_dump(const struct ck_dump_args *a, struct ck_dump_stats *st, char *err, s
         return CK_DUMP_ERROR;
     }
     ck_image_add_own_fd(&im, im.dirfd);
+    int bad_key;
+    im.key = ck_seal_take_key(a->key_hex, &bad_key);  /* launch --encrypt (writeout.c) */
+    if (im.key)
+        ck_seal_scrub_stack();  /* the key schedule's traces on this stack, which the image holds */
+    if (bad_key || ck_seal_begin(&im) < 0) {
+        if (bad_key)
+            ck_image_fail(&im, "cannot encrypt: the key is malformed or this CPU lacks AES-NI/PCLMULQDQ", 0, 0);
+        ck_close(im.dirfd);
+        return CK_DUMP_ERROR;
+    }
     ck_track_begin(&im, a->base, a->self);
 
     int rc = dump_proc(&im);
@@ -412,6 +422,7 @@ int ck_dump(const struct ck_dump_args *a, struct ck_dump_stats *st, char *err, s
         /* last: the writer forked here sees the memory core.img describes */
         rc = ck_writeout_start(&im, a->dir);
     }
+    ck_seal_end();
     if (im.pages_fd >= 0)
         ck_close(im.pages_fd);  /* the writer holds its own copy */
     ck_close(im.dirfd);

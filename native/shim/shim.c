@@ -156,6 +156,7 @@ static int recv_line(char *out, size_t cap)
                 out[n] = 0;
                 rx_len -= i + 1;
                 __builtin_memmove(rx_buf, rx_buf + i + 1, rx_len);
+                ck_memset(rx_buf + rx_len, 0, i + 1);  /* no stale copy of a line (an encryption key) stays */
                 return 0;
             }
         }
@@ -280,9 +281,12 @@ static void handle_dump(char *line)
     a.self = msg_copy(line, "image", image, sizeof(image));
     a.depth = msg_copy(line, "depth", depth, sizeof(depth)) ? (uint32_t)ck_parse_u64(depth, 10, 0) : 0;
     a.keep_cached = msg_copy(line, "cached", cached, sizeof(cached)) && cached[0] == '1';
+    a.key_hex = (char *)msg_get(line, "key");  /* last: msg_get cuts the line; ck_dump wipes it */
     const char *dir = a.dir;
     char err[CK_ERR_CAP];
     struct ck_dump_stats st;
+    if ((!dir || !ck_is_parked()) && a.key_hex)
+        ck_memset(a.key_hex, 0, ck_strlen(a.key_hex));
     if (!dir) {
         reply_error("DUMP without dir");
         return;
@@ -292,6 +296,10 @@ static void handle_dump(char *line)
         return;
     }
     int rc = ck_dump(&a, &st, err, sizeof(err));
+    if (rc != CK_DUMP_RESTORED && a.key_hex) {
+        ck_memset(a.key_hex, 0, ck_strlen(a.key_hex));  /* a dump that failed before it took the key */
+        ck_seal_scrub_stack();  /* what the cipher left below this frame */
+    }
     if (rc == CK_DUMP_RESTORED) {
         finish_restore();
         return;
@@ -404,7 +412,12 @@ static void command_loop(void)
             reply_simple("RESUMED");
         } else if (ck_startswith(line, "FLUSH")) {
             char err[CK_ERR_CAP];
-            int rc = ck_writeout_flush(err, sizeof(err));
+            char *key = (char *)msg_get(line, "key");
+            int rc = ck_writeout_flush(err, sizeof(err), key);
+            if (key) {
+                ck_memset(key, 0, ck_strlen(key));
+                ck_seal_scrub_stack();
+            }
             if (rc < 0)
                 reply_error(err);
             else

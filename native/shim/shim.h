@@ -106,6 +106,7 @@ struct ck_dump_args {
     const char *self;
     uint32_t depth;
     int keep_cached;  /* 1: the agent reads pages.img again (dedup): the writer leaves it cached */
+    char *key_hex;    /* launch --encrypt: the key, 64 hex digits inside the command line (wiped once read), or NULL */
 };
 int ck_dump(const struct ck_dump_args *a, struct ck_dump_stats *st, char *err, size_t errcap) CK_HIDDEN;
 
@@ -117,6 +118,8 @@ struct ck_image {
     int own_fds[8];           /* the shim's descriptors: never part of the image */
     int n_own_fds;
     int keep_cached;          /* ck_dump_args.keep_cached */
+    const struct ck_gcm_key *key;  /* launch --encrypt: in the arena (never in an image); NULL: plain */
+    uint8_t prefix[8];        /* pages.img's nonce prefix (image_format.h, CK_GCM_*) */
     struct ck_proc proc;
     struct ck_table threads, vmas, runs, fds, epoll, pending, files, strings, blob, sources;
     char auxv[1024];
@@ -165,8 +168,22 @@ int ck_vma_written_later(const struct ck_vma *v) CK_HIDDEN;
 int ck_writeout_start(struct ck_image *im, const char *dir) CK_HIDDEN;
 enum { CK_CAPTURE_PAUSE = 0, CK_CAPTURE_WRITER = 1, CK_CAPTURE_STAGED = 2 };
 int ck_writeout_mode(void) CK_HIDDEN;  /* how the last ck_writeout_start did it */
-/* wait for the writer: 0 written, 1 none running, -1 failed (err filled) */
-int ck_writeout_flush(char *err, size_t errcap) CK_HIDDEN;
+/* wait for the writer: 0 written, 1 none running, -1 failed (err filled);
+ * key_hex: FLUSH's key=, which staged pages of an encrypted job need */
+int ck_writeout_flush(char *err, size_t errcap, char *key_hex) CK_HIDDEN;
+/* Encryption at rest: the key a command carries (64 hex digits, wiped in
+ * place) expanded into the arena; NULL when hex is NULL or malformed
+ * (*bad set).  ck_seal_begin makes every write to im->pages_fd go out
+ * encrypted (the pause's writes); ck_seal_end stops it. */
+struct ck_gcm_key;
+const struct ck_gcm_key *ck_seal_take_key(char *hex, int *bad) CK_HIDDEN;
+/* in (read to its end) sealed into out, its tags into `name`.gcm (in the
+ * image directory); 0 or -errno */
+int ck_seal_copy_file(struct ck_image *im, int in, int out, const char *name) CK_HIDDEN;
+int ck_seal_begin(struct ck_image *im) CK_HIDDEN;
+void ck_seal_end(void) CK_HIDDEN;
+/* the parts of the checkpoint thread's stack the crypto used, zeroed */
+void ck_seal_scrub_stack(void) CK_HIDDEN;
 void ck_writeout_discard(void) CK_HIDDEN;
 
 /* ---- checksum.c: pages.img's xxh3-128, computed by the writer ---- */

@@ -29,10 +29,23 @@
  *
  * CKPTD_CAPTURE=sync, or a fork the kernel refuses (memory), writes the same
  * pages during the pause.
+ *
+ * Encryption at rest (launch --encrypt, image_format.h CK_GCM_*): DUMP
+ * carries the key, expanded into the arena (which no image holds).  Every
+ * byte goes to pages.img as AES-256-GCM ciphertext at its own offset:
+ * the pause's writes through `seal.buf`, the writer's and the staged ones
+ * encrypted where they are copied anyway (the bounce buffer, the staging
+ * area).  The writer tags each 64 KiB chunk as it writes in file order
+ * (reading back what the pause wrote, as it does to hash it), the other
+ * paths tag the finished file by reading it back; the tags go to
+ * pages.img.gcm before pages.img is named.  The checksum is over the
+ * ciphertext.  Staged pages wait in the clear in the arena until FLUSH,
+ * which carries the key again.
  */
 #include "shim.h"
 #include "../common/sys.h"
 #include "../common/util.h"
+#include "../common/sealed.h"
 
 #include <errno.h>
 #include <sys/file.h>
@@ -55,13 +68,16 @@ static struct {
     int pages_fd;  /* pages.img.part; -1: nothing staged */
     int dirfd;
     uint64_t npieces;
-} staged = {-1, -1, 0};
+    int sealed;         /* encrypted job: FLUSH brings the key */
+    uint8_t prefix[8];  /* the image's nonce prefix */
+} staged = {-1, -1, 0, 0, {0}};
 static int staged_claimed;  /* FLUSH and the exit destructor: one of them writes */
 static int capture_mode;     /* CK_CAPTURE_* of the last image */
 
 int ck_writeout_mode(void) { return capture_mode; }
 static char writer_dir[4096];        /* its image directory, for FLUSH's messages */
 static char *bounce;
+static char *pipe_other;  /* the encrypting writer's first bounce buffer (bounce's other is seal.buf2) */
 
 int ck_vma_written_later(const struct ck_vma *v)
 {
@@ -70,7 +86,96 @@ int ck_vma_written_later(const struct ck_vma *v)
     return !(v->madv & (CK_MADV_DONTFORK | CK_MADV_WIPEONFORK));
 }
 
-int ck_pwritev_all(int fd, struct ck_iov *iov, int n, uint64_t off)
+static int pwritev_raw(int fd, struct ck_iov *iov, int n, uint64_t off);
+struct writeback;
+static void follow_writeback(int fd, struct writeback *w, uint64_t end);
+
+/* encryption at rest: the image whose pages file this process writes
+ * encrypted now (NULL: none), and where the ciphertext is made */
+static struct {
+    struct ck_image *im;
+    char *buf;  /* BOUNCE_SIZE, arena */
+    char *buf2; /* the writer's second bounce buffer (arena) */
+    struct ck_sealer *sealer;  /* arena */
+} seal;
+
+/* The encrypting writer runs two threads: the writer's own copies and
+ * encrypts its pieces into one bounce buffer and tags them, while a second
+ * thread hashes the other buffer, writes it and follows its writeback.
+ * One buffer at a time is handed over (`busy`, a futex: 0 idle, 1 a buffer
+ * is being written, 2 stop). */
+static struct {
+    volatile uint32_t busy;
+    const char *buf;
+    uint64_t off;
+    size_t fill;
+    int fd;
+    int err;
+    struct writeback *wb;
+    struct ck_checksum *sum;
+} wpipe;
+
+/* a thread of this process (shared memory and descriptors, no TLS of its
+ * own: nothing it runs reads any) on `stack`, running fn(arg), then
+ * exiting alone; its id, or -errno */
+long ck_writer_thread(void *stack_top, void (*fn)(void *), void *arg) CK_HIDDEN;
+__asm__(".text\n"
+        ".globl ck_writer_thread\n"
+        ".hidden ck_writer_thread\n"
+        ".type ck_writer_thread,@function\n"
+        "ck_writer_thread:\n"
+        "    sub $16, %rdi\n"
+        "    mov %rdx, 0(%rdi)\n"    /* arg */
+        "    mov %rsi, 8(%rdi)\n"    /* fn */
+        "    mov %rdi, %rsi\n"       /* the child's stack */
+        "    mov $0x50f00, %edi\n"   /* CLONE_VM|FS|FILES|SIGHAND|THREAD|SYSVSEM */
+        "    xor %edx, %edx\n"
+        "    xor %r10d, %r10d\n"
+        "    xor %r8d, %r8d\n"
+        "    mov $56, %eax\n"        /* SYS_clone */
+        "    syscall\n"
+        "    test %rax, %rax\n"
+        "    jnz 1f\n"
+        "    pop %rdi\n"
+        "    pop %rax\n"
+        "    call *%rax\n"
+        "    mov $60, %eax\n"        /* SYS_exit: this thread only */
+        "    xor %edi, %edi\n"
+        "    syscall\n"
+        "1:  ret\n"
+        ".size ck_writer_thread, .-ck_writer_thread\n");
+
+static void pipe_thread(void *unused)
+{
+    (void)unused;
+    for (;;) {
+        uint32_t b = __atomic_load_n(&wpipe.busy, __ATOMIC_ACQUIRE);
+        if (b == 0) {
+            ck_futex_wait(&wpipe.busy, 0, -1);
+            continue;
+        }
+        if (b == 2)
+            return;
+        ck_checksum_add(wpipe.sum, wpipe.off, wpipe.buf, wpipe.fill);
+        struct ck_iov one = {wpipe.buf, wpipe.fill};
+        int rc = pwritev_raw(wpipe.fd, &one, 1, wpipe.off);
+        if (rc && !wpipe.err)
+            wpipe.err = rc;
+        follow_writeback(wpipe.fd, wpipe.wb, wpipe.off + wpipe.fill);
+        __atomic_store_n(&wpipe.busy, 0, __ATOMIC_RELEASE);
+        ck_futex_wake_all(&wpipe.busy);
+    }
+}
+
+/* wait until the second thread has written what it was handed; its error */
+static int pipe_drain(void)
+{
+    while (__atomic_load_n(&wpipe.busy, __ATOMIC_ACQUIRE) == 1)
+        ck_futex_wait(&wpipe.busy, 1, -1);
+    return wpipe.err;
+}
+
+static int pwritev_raw(int fd, struct ck_iov *iov, int n, uint64_t off)
 {
     int i = 0;
     while (i < n) {
@@ -91,6 +196,203 @@ int ck_pwritev_all(int fd, struct ck_iov *iov, int n, uint64_t off)
         }
     }
     return 0;
+}
+
+/* The cipher runs on a stack of its own in the arena: the checkpoint
+ * thread's stack is in the image (the pause writes it, the forked writer
+ * writes it from its own copy while running on it), and what the cipher
+ * leaves in its frames (round keys: the first two are the key) must not
+ * be.  ck_call_on_stack switches to `top`, calls fn(arg), switches back. */
+long ck_call_on_stack(char *top, long (*fn)(void *), void *arg) CK_HIDDEN;
+__asm__(".text\n"
+        ".globl ck_call_on_stack\n"
+        ".hidden ck_call_on_stack\n"
+        ".type ck_call_on_stack,@function\n"
+        "ck_call_on_stack:\n"
+        "    push %rbp\n"
+        "    mov %rsp, %rbp\n"
+        "    mov %rdi, %rsp\n"
+        "    mov %rdx, %rdi\n"
+        "    call *%rsi\n"
+        "    mov %rbp, %rsp\n"
+        "    pop %rbp\n"
+        "    ret\n"
+        ".size ck_call_on_stack, .-ck_call_on_stack\n");
+
+#define CRYPT_STACK (256u << 10)
+static char *crypt_stack_top;  /* in the arena; taken with the key */
+static int on_crypt_stack;
+
+static long crypt_call(long (*fn)(void *), void *arg)
+{
+    if (on_crypt_stack || !crypt_stack_top)
+        return fn(arg);
+    on_crypt_stack = 1;
+    long rc = ck_call_on_stack(crypt_stack_top, fn, arg);
+    on_crypt_stack = 0;
+    return rc;
+}
+
+struct sealed_write {
+    int fd;
+    struct ck_iov *iov;
+    int n;
+    uint64_t off;
+};
+
+static long sealed_pwritev(void *arg)
+{
+    struct sealed_write *a = arg;
+    struct ck_iov *iov = a->iov;
+    uint64_t off = a->off;
+    int fd = a->fd, n = a->n;
+    for (int i = 0; i < n; i++) {
+        const char *p = iov[i].base;
+        for (size_t done = 0; done < iov[i].len;) {
+            size_t k = iov[i].len - done < BOUNCE_SIZE ? iov[i].len - done : BOUNCE_SIZE;
+            ck_seal_crypt(seal.im->key, seal.im->prefix, off, (uint8_t *)seal.buf, (const uint8_t *)p + done, k);
+            struct ck_iov one = {seal.buf, k};
+            int rc = pwritev_raw(fd, &one, 1, off);
+            if (rc < 0)
+                return rc;
+            off += k;
+            done += k;
+        }
+    }
+    return 0;
+}
+
+int ck_pwritev_all(int fd, struct ck_iov *iov, int n, uint64_t off)
+{
+    if (!seal.im || fd != seal.im->pages_fd)
+        return pwritev_raw(fd, iov, n, off);
+    struct sealed_write a = {fd, iov, n, off};
+    return (int)crypt_call(sealed_pwritev, &a);
+}
+
+static int hexval(char c)
+{
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+struct key_init {
+    struct ck_gcm_key *k;
+    const uint8_t *raw;
+};
+
+static long key_init(void *arg)
+{
+    struct key_init *a = arg;
+    ck_gcm_init(a->k, a->raw);
+    return 0;
+}
+
+const struct ck_gcm_key *ck_seal_take_key(char *hex, int *bad)
+{
+    *bad = 0;
+    if (!hex)
+        return 0;
+    struct ck_gcm_key *k = ck_arena_alloc(sizeof(*k) + CK_GCM_KEY_BYTES);
+    uint8_t *raw = k ? (uint8_t *)(k + 1) : 0;
+    char *stack = ck_arena_alloc(CRYPT_STACK);
+    crypt_stack_top = stack ? stack + CRYPT_STACK : 0;
+    size_t n = ck_strlen(hex);
+    for (size_t i = 0; raw && n == 2 * CK_GCM_KEY_BYTES && i < CK_GCM_KEY_BYTES; i++) {
+        int hi = hexval(hex[2 * i]), lo = hexval(hex[2 * i + 1]);
+        if (hi < 0 || lo < 0)
+            *bad = 1;
+        raw[i] = (uint8_t)(hi << 4 | (lo & 15));
+    }
+    ck_gcm_wipe(hex, n);  /* the command line is in the shim's memory, which images hold */
+    if (!raw || !stack || n != 2 * CK_GCM_KEY_BYTES || *bad || !ck_gcm_supported()) {
+        *bad = 1;
+        return 0;
+    }
+    struct key_init a = {k, raw};
+    crypt_call(key_init, &a);
+    ck_gcm_wipe(raw, CK_GCM_KEY_BYTES);
+    return k;
+}
+
+int ck_seal_begin(struct ck_image *im)
+{
+    seal.im = 0;
+    if (!im->key)
+        return 0;
+    seal.buf = ck_arena_alloc(BOUNCE_SIZE);
+    seal.buf2 = ck_arena_alloc(BOUNCE_SIZE);
+    seal.sealer = ck_arena_alloc(sizeof(struct ck_sealer));
+    if (!seal.buf || !seal.buf2 || !seal.sealer)
+        return ck_image_fail(im, "cannot allocate checkpoint scratch memory", 0, 0);
+    int rc = ck_seal_new_prefix(im->prefix);
+    if (rc < 0)
+        return ck_image_fail(im, "cannot get random bytes for encryption (getrandom)", 0, rc);
+    seal.im = im;
+    return 0;
+}
+
+void ck_seal_end(void) { seal.im = 0; }
+
+struct seal_copy {
+    const struct ck_gcm_key *key;
+    int in, out, side;
+};
+
+static long seal_copy(void *arg)
+{
+    struct seal_copy *a = arg;
+    return ck_seal_copy(a->key, a->in, a->out, a->side, (uint8_t *)seal.buf);
+}
+
+int ck_seal_copy_file(struct ck_image *im, int in, int out, const char *name)
+{
+    char side[80];
+    struct ck_buf b;
+    ck_buf_init(&b, side, sizeof(side));
+    ck_buf_str(&b, name);
+    ck_buf_str(&b, CK_GCM_SUFFIX);
+    if (b.overflow || !seal.buf)
+        return -ENAMETOOLONG;
+    int fd = (int)ck_openat(im->dirfd, side, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return fd;
+    struct seal_copy a = {im->key, in, out, fd};
+    int rc = (int)crypt_call(seal_copy, &a);
+    ck_close(fd);
+    return rc;
+}
+
+__attribute__((noinline)) void ck_seal_scrub_stack(void)
+{
+    volatile char pad[16384];
+    for (size_t i = 0; i < sizeof(pad); i++)
+        pad[i] = 0;
+}
+
+struct tag_file {
+    const struct ck_gcm_key *key;
+    const uint8_t *prefix;
+    int fd, side;
+    char *buf;
+};
+
+static long tag_file(void *arg)
+{
+    struct tag_file *a = arg;
+    return ck_seal_tag_file(a->key, a->prefix, a->fd, a->side, (uint8_t *)a->buf);
+}
+
+/* the sidecar of a pages file whose ciphertext is all there, read back
+ * through buf (at least CK_GCM_CHUNK bytes) */
+static int seal_tags_from_file(int dirfd, int fd, const struct ck_gcm_key *key, const uint8_t prefix[8], char *buf)
+{
+    int side = (int)ck_openat(dirfd, "pages.img.gcm", O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (side < 0)
+        return side;
+    struct tag_file a = {key, prefix, fd, side, buf};
+    int rc = (int)crypt_call(tag_file, &a);
+    ck_close(side);
+    return rc;
 }
 
 int ck_copy_unreadable(int fd, int mem_fd, char *buf, uint64_t vaddr, uint64_t len, uint64_t off)
@@ -262,15 +564,33 @@ struct hashed_out {
     size_t fill;
     struct writeback wb;
     struct ck_checksum *sum;
+    struct ck_image *im;        /* its key and prefix when encrypting */
+    struct ck_sealer *sealer;   /* NULL: not encrypting */
+    int piped;                  /* the second thread writes (wpipe) */
 };
 
 static int hashed_flush(struct hashed_out *o)
 {
     if (!o->fill)
         return 0;
+    if (o->piped) {
+        ck_sealer_add(o->sealer, o->off, (const uint8_t *)bounce, o->fill);
+        int rc = pipe_drain();  /* the other buffer is free again */
+        wpipe.buf = bounce;
+        wpipe.off = o->off;
+        wpipe.fill = o->fill;
+        __atomic_store_n(&wpipe.busy, 1, __ATOMIC_RELEASE);
+        ck_futex_wake_all(&wpipe.busy);
+        bounce = bounce == seal.buf2 ? pipe_other : seal.buf2;
+        o->off += o->fill;
+        o->fill = 0;
+        return rc;
+    }
     ck_checksum_add(o->sum, o->off, bounce, o->fill);
+    if (o->sealer)
+        ck_sealer_add(o->sealer, o->off, (const uint8_t *)bounce, o->fill);
     struct ck_iov one = {bounce, o->fill};
-    int rc = ck_pwritev_all(o->fd, &one, 1, o->off);
+    int rc = pwritev_raw(o->fd, &one, 1, o->off);  /* encrypted already, if at all */
     o->off += o->fill;
     o->fill = 0;
     follow_writeback(o->fd, &o->wb, o->off);
@@ -286,7 +606,11 @@ static int hashed_put(struct hashed_out *o, uint64_t off, const char *src, uint6
         o->off = off;
     while (len && rc == 0) {
         size_t k = len < BOUNCE_SIZE - o->fill ? len : BOUNCE_SIZE - o->fill;
-        __builtin_memcpy(bounce + o->fill, src, k);
+        if (o->sealer)  /* encrypted as it is copied */
+            ck_seal_crypt(o->im->key, o->im->prefix, o->off + o->fill, (uint8_t *)bounce + o->fill, (const uint8_t *)src,
+                          k);
+        else
+            __builtin_memcpy(bounce + o->fill, src, k);
         o->fill += k;
         src += k;
         len -= k;
@@ -294,6 +618,28 @@ static int hashed_put(struct hashed_out *o, uint64_t off, const char *src, uint6
             rc = hashed_flush(o);
     }
     return rc;
+}
+
+/* what is in the file already (the pause wrote it, encrypted if at all),
+ * read back to be hashed and tagged in its place */
+static int read_back(struct hashed_out *o, uint64_t off, uint64_t len)
+{
+    if (o->piped && pipe_drain())  /* hashed and tagged in file order */
+        return wpipe.err;
+    if (!o->sealer)
+        return ck_checksum_add_file(o->sum, o->fd, bounce, BOUNCE_SIZE, off, len);
+    for (uint64_t done = 0; done < len;) {
+        size_t n = len - done > BOUNCE_SIZE ? BOUNCE_SIZE : len - done;
+        long r = ck_pread(o->fd, bounce, n, off + done);
+        if (r == -EINTR)
+            continue;
+        if (r <= 0)
+            return r < 0 ? (int)r : -EIO;
+        ck_checksum_add(o->sum, off + done, bounce, (uint64_t)r);
+        ck_sealer_add(o->sealer, off + done, (const uint8_t *)bounce, (uint64_t)r);
+        done += (uint64_t)r;
+    }
+    return 0;
 }
 
 static int hashed_run(void *ctx, const struct ck_vma *v, const struct ck_page_run *r)
@@ -306,23 +652,69 @@ static int hashed_run(void *ctx, const struct ck_vma *v, const struct ck_page_ru
     if (later && (v->prot & PROT_READ))
         return hashed_put(o, r->offset, (const char *)r->vaddr, size);
     int rc = hashed_flush(o);  /* bounce is needed below */
+    if (rc == 0 && o->piped)
+        rc = pipe_drain();  /* what follows is read back and hashed in file order */
     if (rc == 0 && later)
         rc = write_unreadable(o->fd, &o->mem_fd, r);
     if (rc == 0)  /* written during the pause, or just now */
-        rc = ck_checksum_add_file(o->sum, o->fd, bounce, BOUNCE_SIZE, r->offset, size);
+        rc = read_back(o, r->offset, size);
     return rc;
 }
 
-static int write_later_runs_hashed(struct ck_image *im, int fd, struct ck_checksum *sum)
+static int write_later_runs_hashed(struct ck_image *im, int fd, struct ck_checksum *sum, struct ck_sealer *sealer)
 {
     /* what it hashed the agent does not read back (but to deduplicate): it
      * need not stay cached */
-    struct hashed_out o = {fd, -1, 0, 0, {0, 0, !im->keep_cached}, sum};
+    struct hashed_out o = {fd, -1, 0, 0, {0, 0, !im->keep_cached}, sum, im, sealer, 0};
+    if (sealer) {  /* a second thread hashes and writes while this one encrypts */
+        char *stack = ck_mmap(0, 256 << 10, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        wpipe = (typeof(wpipe)){0, 0, 0, 0, fd, 0, &o.wb, sum};
+        pipe_other = bounce;
+        o.piped = !ck_mmap_failed(stack) && ck_writer_thread(stack + (256 << 10), pipe_thread, 0) > 0;
+    }
     int rc = each_run(im, 1, hashed_run, &o);
     if (rc == 0)
         rc = hashed_flush(&o);
+    if (o.piped) {
+        int prc = pipe_drain();
+        if (rc == 0)
+            rc = prc;
+        __atomic_store_n(&wpipe.busy, 2, __ATOMIC_RELEASE);
+        ck_futex_wake_all(&wpipe.busy);
+        bounce = pipe_other;  /* what the callers read back through */
+    }
     if (o.mem_fd >= 0)
         ck_close(o.mem_fd);
+    return rc;
+}
+
+struct writer_run {
+    struct ck_image *im;
+    struct ck_checksum *sum;
+};
+
+/* the writer of an encrypted image, on the cipher's stack */
+static long writer_sealed(void *arg)
+{
+    struct writer_run *a = arg;
+    struct ck_image *im = a->im;
+    /* the pages file is 0 here; what goes out through ck_pwritev_all
+     * (PROT_NONE runs) is encrypted there, the rest in the bounce buffer */
+    im->pages_fd = 0;
+    seal.im = im;
+    int side = (int)ck_openat(1, "pages.img.gcm", O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (side < 0)
+        return side;
+    ck_sealer_start(seal.sealer, im->key, im->prefix, side);
+    int rc = write_later_runs_hashed(im, 0, a->sum, seal.sealer);
+    struct stat st;
+    if (rc == 0)
+        rc = (int)ck_fstat(0, &st);
+    if (rc == 0)
+        rc = ck_sealer_finish(seal.sealer, (uint64_t)st.st_size);
+    if (rc == -EILSEQ)  /* not written in file order after all: read it back */
+        rc = ck_seal_tag_file(im->key, im->prefix, 0, side, (uint8_t *)bounce);
+    ck_close(side);
     return rc;
 }
 
@@ -334,7 +726,13 @@ __attribute__((noreturn)) static void writer_main(struct ck_image *im)
         ck_exit_group(EBADF);
     ck_close_range(2, ~0u);
     struct ck_checksum sum;
-    int rc = ck_checksum_start(&sum) ? write_later_runs_hashed(im, 0, &sum) : write_later_runs(im, 0);
+    int hashing = ck_checksum_start(&sum), rc;
+    if (im->key) {
+        struct writer_run a = {im, &sum};
+        rc = (int)crypt_call(writer_sealed, &a);  /* not on the stack it writes */
+    } else {
+        rc = hashing ? write_later_runs_hashed(im, 0, &sum, 0) : write_later_runs(im, 0);
+    }
     if (rc == 0) {
         ck_checksum_finish(&sum, 0);
         rc = (int)ck_renameat(1, "pages.img.part", "pages.img");
@@ -442,13 +840,37 @@ static int stage_runs(struct ck_image *im)
     return 0;
 }
 
-/* write what stage_runs copied aside, then name pages.img; 0 or -errno */
-static int write_staged(void)
+struct staged_crypt {
+    const struct ck_gcm_key *key;
+    const struct staged_piece *index;
+    char *data;
+};
+
+static long staged_crypt(void *arg)
+{
+    struct staged_crypt *a = arg;
+    char *at = a->data;
+    for (uint64_t i = 0; i < staged.npieces; i++) {
+        ck_seal_crypt(a->key, staged.prefix, a->index[i].off, (uint8_t *)at, (const uint8_t *)at, a->index[i].len);
+        at += a->index[i].len;
+    }
+    return 0;
+}
+
+/* write what stage_runs copied aside (encrypted in place first, with key),
+ * then name pages.img; 0 or -errno */
+static int write_staged(const struct ck_gcm_key *key)
 {
     size_t cap;
     char *area = ck_arena_stage(&cap);
     const struct staged_piece *index = (const struct staged_piece *)area;
-    const char *data = area + STAGE_INDEX;
+    char *data = area + STAGE_INDEX;
+    if (staged.sealed && !key)
+        return -ENOKEY;  /* never written in the clear */
+    if (key) {
+        struct staged_crypt a = {key, index, data};
+        crypt_call(staged_crypt, &a);
+    }
     static struct ck_iov iov[CK_IOV_BATCH];
     int rc = 0, n = 0;
     uint64_t first = 0;
@@ -465,6 +887,10 @@ static int write_staged(void)
             rc = ck_pwritev_all(staged.pages_fd, iov, n, first);
             n = 0;
         }
+    }
+    if (rc == 0 && key) {
+        char *buf = ck_arena_alloc(CK_GCM_CHUNK);
+        rc = buf ? seal_tags_from_file(staged.dirfd, staged.pages_fd, key, staged.prefix, buf) : -ENOMEM;
     }
     if (rc == 0)
         rc = (int)ck_renameat(staged.dirfd, "pages.img.part", "pages.img");
@@ -491,6 +917,8 @@ static void drop_staged(void)
 
 int ck_writeout_start(struct ck_image *im, const char *dir)
 {
+    if (im->key)  /* before the stack is forked or staged: nothing of the key below this frame */
+        ck_seal_scrub_stack();
     bounce = ck_arena_alloc(BOUNCE_SIZE);  /* the arena starts over after every dump */
     capture_mode = CK_CAPTURE_PAUSE;
     if (!bounce)
@@ -519,11 +947,15 @@ int ck_writeout_start(struct ck_image *im, const char *dir)
         if (staged.pages_fd >= 0 && staged.dirfd >= 0) {
             ck_strlcpy(writer_dir, dir, sizeof(writer_dir));
             capture_mode = CK_CAPTURE_STAGED;
+            staged.sealed = im->key != 0;
+            ck_memcpy(staged.prefix, im->prefix, sizeof(staged.prefix));
             return 0;
         }
         drop_staged();  /* no descriptors left: write them now */
     }
-    int rc = write_later_runs(im, im->pages_fd);
+    int rc = write_later_runs(im, im->pages_fd);  /* encrypted on the way, if at all (seal) */
+    if (rc == 0 && im->key)
+        rc = seal_tags_from_file(im->dirfd, im->pages_fd, im->key, im->prefix, bounce);
     if (rc < 0)
         return ck_image_fail(im, "cannot write pages.img", 0, rc);
     rc = (int)ck_renameat(im->dirfd, "pages.img.part", "pages.img");
@@ -556,10 +988,14 @@ static int staged_image_done(char *err, size_t errcap)
     return -1;
 }
 
-int ck_writeout_flush(char *err, size_t errcap)
+int ck_writeout_flush(char *err, size_t errcap, char *key_hex)
 {
     if (claim_staged()) {
-        int rc = write_staged();
+        int bad;
+        const struct ck_gcm_key *key = ck_seal_take_key(key_hex, &bad);
+        int rc = write_staged(key);
+        if (key)
+            ck_gcm_wipe((void *)key, sizeof(*key));
         drop_staged();
         prefault_stage();
         if (rc == 0)
@@ -614,7 +1050,7 @@ void ck_writeout_discard(void)
 __attribute__((destructor)) static void wait_for_writer(void)
 {
     if (claim_staged()) {
-        write_staged();
+        write_staged(0);  /* an encrypted job's staged pages stay unwritten: no key here */
         drop_staged();
     }
     int pid = writer_pid, status;

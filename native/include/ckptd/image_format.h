@@ -328,6 +328,34 @@ struct ck_proc {
     int64_t ckpt_realtime_ns;
     int64_t ckpt_monotonic_ns;
 };
+
+/*
+ * Encryption at rest (launch --encrypt): a sealed file and its sidecar.
+ *
+ * A sealed file (pages.img, files/N.data, a checkpoint's output.log and
+ * output.idx) holds AES-256-GCM ciphertext of exactly the plaintext's
+ * length: GCM is counter mode, so every offset into it (core.img's page
+ * runs, an incremental image's runs into an earlier pages.img, a lazy
+ * fill window) is the same as without encryption.  The file is cut into
+ * chunks of chunk_size bytes (the last one shorter); chunk i is one GCM
+ * message with IV = nonce_prefix || i (4 bytes, big-endian) and no AAD.
+ * Its 16-byte tag lives in the sidecar, "<file>.gcm": this header, then
+ * one tag per chunk, in order.  A reader reads whole chunks, checks the
+ * tag, then uses the plaintext.  The checksums in the manifest are over
+ * the bytes on disk (ciphertext and sidecar), so verifying a checkpoint
+ * needs no key.
+ */
+#define CK_GCM_MAGIC 0x314d4347544b5043    /* "CPKTGCM1" as little-endian bytes */
+#define CK_GCM_VERSION 1
+#define CK_GCM_CHUNK 65536                  /* lazy windows (256 KiB, 1 MiB) are whole chunks */
+
+struct ck_gcm_header {
+    uint64_t magic;             /* a sidecar, of this layout */
+    uint32_t version;
+    uint32_t chunk_size;        /* bytes per tag: a reader decrypts whole chunks */
+    uint64_t file_size;         /* the sealed file's size: a file cut at a chunk boundary is caught */
+    uint8_t nonce_prefix[8];    /* random per file: with the chunk index, no IV repeats under one key */
+};
 /* END CFFI */
 
 /*
