@@ -5,7 +5,10 @@
  *  - sigaction/signal/sigprocmask/pthread_sigmask: the quiesce signal
  *    belongs to ckptd.  Programs may neither replace its handler nor block
  *    it, or a checkpoint could never park their threads.
- *  - syscall(): io_uring_setup answers ENOSYS (see below).
+ *  - syscall(): io_uring_setup answers ENOSYS (see below); futex waits
+ *    with a timeout are resumed after a checkpoint (eintr.c).
+ *  - sigaction also puts a counter in front of the program's handlers, and
+ *    the calls a checkpoint interrupts are resumed: eintr.c.
  *
  * The real functions are found with dlsym(RTLD_NEXT) once, in the
  * constructor, before the program runs; open() goes straight to the
@@ -42,6 +45,7 @@ void ck_interpose_init(void)
     real_fopen = (fopen_fn)dlsym(RTLD_NEXT, "fopen");
     real_fopen64 = (fopen_fn)dlsym(RTLD_NEXT, "fopen64");
     real_freopen = (freopen_fn)dlsym(RTLD_NEXT, "freopen");
+    ck_eintr_init();
 }
 
 static int owned_signal(int sig) { return ck_shim.active && sig == ck_shim.quiesce_signal; }
@@ -155,7 +159,7 @@ CK_EXPORT int sigaction(int sig, const struct sigaction *act, struct sigaction *
         errno = EINVAL;  /* reserved by ckptd (CKPTD_QUIESCE_SIGNAL picks another) */
         return -1;
     }
-    return real_sigaction(sig, act, old);
+    return ck_eintr_sigaction(sig, act, old, real_sigaction);  /* counts its handlers (eintr.c) */
 }
 
 CK_EXPORT sighandler_t signal(int sig, sighandler_t handler)
@@ -210,9 +214,9 @@ CK_EXPORT long syscall(long n, ...)
     for (int i = 0; i < 6; i++)
         a[i] = va_arg(ap, long);
     va_end(ap);
-    long rc = (n == SYS_io_uring_setup && ck_shim.hide_io_uring)
-                  ? -ENOSYS
-                  : ck_sc6(n, a[0], a[1], a[2], a[3], a[4], a[5]);
+    long rc = (n == SYS_io_uring_setup && ck_shim.hide_io_uring) ? -ENOSYS
+              : n == SYS_futex ? ck_eintr_futex(a[0], a[1], a[2], a[3], a[4], a[5])  /* eintr.c */
+                               : ck_sc6(n, a[0], a[1], a[2], a[3], a[4], a[5]);
     if (rc < 0 && rc > -4096) {
         errno = (int)-rc;
         return -1;

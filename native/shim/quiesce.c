@@ -11,7 +11,9 @@
  * returns from the handler: rt_sigreturn then restores its registers, FPU
  * and AVX state, signal mask and alternate stack exactly.
  *
- * The handler uses only raw system calls and never touches errno.
+ * The handler uses only raw system calls and never touches errno.  As it
+ * returns it tells eintr.c (per-thread count and time parked), whose
+ * wrappers resume the call the signal interrupted.
  */
 #include "shim.h"
 #include "../common/sys.h"
@@ -87,9 +89,13 @@ static void quiesce_handler(int sig, siginfo_t *si, void *ucv)
 {
     (void)sig;
     (void)si;
-    if (__atomic_load_n(&phase, __ATOMIC_ACQUIRE) != PHASE_PARKING)
-        return;  /* stray signal outside a checkpoint */
+    if (__atomic_load_n(&phase, __ATOMIC_ACQUIRE) != PHASE_PARKING) {
+        ck_eintr_quiesced(0);  /* stray signal outside a checkpoint: still ours */
+        return;
+    }
     ucontext_t *uc = ucv;
+    /* on the stack: a restored thread reads it after the restart */
+    volatile int64_t parked_at = ck_now_ns(CLOCK_MONOTONIC);
     volatile uint32_t gen = __atomic_load_n(&release_gen, __ATOMIC_ACQUIRE);
     uint32_t idx = __atomic_fetch_add(&nslots, 1, __ATOMIC_ACQ_REL);
     if (idx < CK_MAX_THREADS) {
@@ -111,6 +117,8 @@ static void quiesce_handler(int sig, siginfo_t *si, void *ucv)
     }
     while (__atomic_load_n(&release_gen, __ATOMIC_ACQUIRE) == gen)
         ck_futex_wait(&release_gen, gen, -1);
+    /* the call this signal interrupted is resumed (eintr.c) */
+    ck_eintr_quiesced(parked_at);
 }
 
 int ck_quiesce_install(int sig)

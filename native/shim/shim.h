@@ -233,4 +233,15 @@ int ck_save_shmem_fd(struct ck_image *im, struct ck_fd *f) CK_HIDDEN;
 /* ---- interpose.c ---- */
 void ck_interpose_init(void) CK_HIDDEN;
 
+/* ---- eintr.c: blocking calls resumed after a checkpoint ---- */
+struct sigaction;
+typedef int (*ck_sigaction_fn)(int, const struct sigaction *, struct sigaction *);
+void ck_eintr_init(void) CK_HIDDEN;  /* the real functions, from the constructor */
+/* the quiesce handler, as it returns; parked_at: CLOCK_MONOTONIC when it parked, or 0 */
+void ck_eintr_quiesced(int64_t parked_at) CK_HIDDEN;
+/* the interposed sigaction: the program's handlers are counted per thread */
+int ck_eintr_sigaction(int sig, const struct sigaction *act, struct sigaction *old, ck_sigaction_fn real) CK_HIDDEN;
+/* syscall(SYS_futex, ...): waits with a timeout resumed; raw result */
+long ck_eintr_futex(long uaddr, long op, long val, long timeout, long a4, long a5) CK_HIDDEN;
+
 #endif

@@ -1,0 +1,648 @@
+/*
+ * Blocking calls resumed after a checkpoint: no EINTR, no short sleeps.
+ *
+ * A checkpoint parks every thread in the quiesce signal's handler
+ * (quiesce.c, SA_RESTART).  The kernel restarts most interrupted calls
+ * itself, but not those signal(7) lists as never restarted after a
+ * handler ran: poll, ppoll, select, pselect, epoll_wait/pwait/pwait2,
+ * nanosleep, clock_nanosleep, sigtimedwait, sigwaitinfo, sigsuspend,
+ * pause, futex waits with a timeout, and socket calls under SO_RCVTIMEO or
+ * SO_SNDTIMEO.  They return EINTR (sleeps: early), after a checkpoint and
+ * after a restart too (a restored thread resumes in the handler's frame,
+ * so its interrupted call returns then).  A program that does not retry
+ * would fail.
+ *
+ * So the shim interposes those libc entry points (LD_PRELOAD; the real ones
+ * come from dlsym(RTLD_NEXT), found in the constructor).  Per thread, in
+ * initial-exec TLS (a fixed offset from %fs: async-signal-safe, and part of
+ * the thread's memory, so saved and restored with it), it keeps:
+ *   quiesces   bumped by the quiesce handler each time it returns;
+ *   parked_ns  total CLOCK_MONOTONIC time spent parked (the handler adds
+ *              unpark - park, both read with raw clock_gettime);
+ *   user_sigs  bumped each time one of the program's own handlers runs
+ *              (sigaction installs user_signal() in front of it).
+ * A wrapper notes quiesces and user_sigs, calls the real function, and only
+ * if that failed with EINTR (a sleep: returned early) does it look again:
+ * if quiesces moved and user_sigs did not, the interruption was ckptd's
+ * alone and the call is made again.  Fast path: one TLS read and the real
+ * call; calls with a finite timeout also read the clock first.
+ *
+ * The time left is the timeout minus the time the call really ran:
+ * elapsed = (now - start) - (parked_ns now - parked_ns at start), so the
+ * pause does not count against the job's timeouts.  ckptd restores no time
+ * namespace: CLOCK_MONOTONIC jumps on a restart on another boot, but the
+ * jump is inside one park (unpark on the new clock - park on the old), so
+ * it cancels out.  Absolute sleeps (TIMER_ABSTIME, FUTEX_WAIT_BITSET) keep
+ * their deadline.  select() gets its timeval updated as Linux does;
+ * pselect, ppoll, epoll_pwait2 and sigtimedwait leave the caller's timeout
+ * alone; sleep() and usleep() are glibc's, on this nanosleep (glibc's call
+ * its clock_nanosleep internally, past any interposition).  Socket calls
+ * under SO_RCVTIMEO/SO_SNDTIMEO (recv*, send*, accept*, read, write) start
+ * the full socket timeout again: a checkpoint can make them wait longer,
+ * never fail.  Of raw syscall(), only futex waits are resumed (interpose.c
+ * routes them here); calls the kernel restarts itself (read without a
+ * timeout, wait/waitpid, futex without a timeout) need nothing.
+ *
+ * A program's own signal interrupting the call returns EINTR as without
+ * ckptd, even in the same instant as the quiesce signal: user_sigs moved.
+ * Handlers installed past the interposed sigaction (a raw rt_sigaction,
+ * glibc-internal callers such as sigset/bsd_signal, or before the shim's
+ * constructor ran) are not counted: such
+ * a signal arriving during the very pause is then swallowed (the call goes
+ * on instead of returning EINTR).  The masks that pselect, ppoll,
+ * epoll_pwait(2) and sigsuspend install, and the sets sigtimedwait and
+ * sigwaitinfo wait for, never include the quiesce signal (as interpose.c
+ * does for sigprocmask).
+ */
+#include "shim.h"
+#include "../common/sys.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <poll.h>
+#include <sys/epoll.h>
+#include <sys/select.h>
+#include <sys/socket.h>
+#include <threads.h>
+#include <unistd.h>
+
+#define CK_EXPORT __attribute__((visibility("default")))
+
+extern void __chk_fail(void) __attribute__((noreturn));
+
+struct ck_eintr_tls {
+    volatile uint64_t quiesces;
+    volatile uint64_t user_sigs;
+    volatile int64_t parked_ns;
+};
+static __thread struct ck_eintr_tls T __attribute__((tls_model("initial-exec")));
+
+void ck_eintr_quiesced(int64_t parked_at)
+{
+    if (parked_at > 0) {
+        int64_t now = ck_now_ns(CLOCK_MONOTONIC);
+        if (now > 0)
+            T.parked_ns += now - parked_at;
+    }
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    T.quiesces++;
+}
+
+/* ---- the program's own signal handlers, counted ---- */
+
+typedef void (*ck_sig3)(int, siginfo_t *, void *);
+typedef void (*ck_sig1)(int);
+static ck_sig3 volatile user_handler[_NSIG];
+static volatile unsigned char user_siginfo[_NSIG];
+
+static void user_signal(int sig, siginfo_t *si, void *uc)
+{
+    T.user_sigs++;
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    ck_sig3 h = user_handler[sig];
+    if (user_siginfo[sig])
+        h(sig, si, uc);
+    else
+        ((ck_sig1)(void *)h)(sig);
+}
+
+static int counted(int sig, const struct sigaction *act)
+{
+    void *h = act->sa_flags & SA_SIGINFO ? (void *)act->sa_sigaction : (void *)act->sa_handler;
+    return ck_shim.active && sig > 0 && sig < _NSIG && h != (void *)SIG_DFL && h != (void *)SIG_IGN &&
+           h != (void *)user_signal;
+}
+
+int ck_eintr_sigaction(int sig, const struct sigaction *act, struct sigaction *old, ck_sigaction_fn real)
+{
+    if (sig <= 0 || sig >= _NSIG)
+        return real(sig, act, old);
+    ck_sig3 prev = user_handler[sig];
+    unsigned char prev_info = user_siginfo[sig];
+    struct sigaction copy;
+    int swapped = act && counted(sig, act);
+    if (swapped) {
+        copy = *act;
+        user_siginfo[sig] = (act->sa_flags & SA_SIGINFO) != 0;
+        user_handler[sig] = act->sa_flags & SA_SIGINFO ? act->sa_sigaction : (ck_sig3)(void *)act->sa_handler;
+        copy.sa_sigaction = user_signal;
+        copy.sa_flags |= SA_SIGINFO;
+        act = &copy;
+    }
+    int rc = real(sig, act, old);
+    if (rc < 0 && swapped) {
+        user_handler[sig] = prev;
+        user_siginfo[sig] = prev_info;
+    }
+    if (rc == 0 && old && old->sa_sigaction == user_signal) {
+        old->sa_sigaction = prev;
+        if (!prev_info)
+            old->sa_flags &= ~SA_SIGINFO;
+    }
+    return rc;
+}
+
+/* ---- the real functions ---- */
+
+#define REAL_DECL(fn) static __typeof__(&fn) real_##fn
+#define REAL(fn) ((__typeof__(real_##fn))resolve((void **)&real_##fn, #fn))
+
+/* found once in the constructor (ck_eintr_init); here for calls before it */
+static void *resolve(void **slot, const char *name)
+{
+    void *p = __atomic_load_n(slot, __ATOMIC_RELAXED);
+    if (!p) {
+        p = dlsym(RTLD_NEXT, name);
+        __atomic_store_n(slot, p, __ATOMIC_RELAXED);
+    }
+    return p;
+}
+#define REAL_INIT(fn) (void)REAL(fn)
+
+REAL_DECL(poll);
+REAL_DECL(ppoll);
+REAL_DECL(select);
+REAL_DECL(pselect);
+REAL_DECL(epoll_wait);
+REAL_DECL(epoll_pwait);
+REAL_DECL(epoll_pwait2);
+REAL_DECL(nanosleep);
+REAL_DECL(clock_nanosleep);
+REAL_DECL(sigtimedwait);
+REAL_DECL(sigwaitinfo);
+REAL_DECL(sigsuspend);
+REAL_DECL(pause);
+REAL_DECL(recv);
+REAL_DECL(recvfrom);
+REAL_DECL(recvmsg);
+REAL_DECL(send);
+REAL_DECL(sendto);
+REAL_DECL(sendmsg);
+REAL_DECL(accept);
+REAL_DECL(accept4);
+REAL_DECL(read);
+REAL_DECL(write);
+
+void ck_eintr_init(void)
+{
+    REAL_INIT(poll);
+    REAL_INIT(ppoll);
+    REAL_INIT(select);
+    REAL_INIT(pselect);
+    REAL_INIT(epoll_wait);
+    REAL_INIT(epoll_pwait);
+    REAL_INIT(epoll_pwait2);
+    REAL_INIT(nanosleep);
+    REAL_INIT(clock_nanosleep);
+    REAL_INIT(sigtimedwait);
+    REAL_INIT(sigwaitinfo);
+    REAL_INIT(sigsuspend);
+    REAL_INIT(pause);
+    REAL_INIT(recv);
+    REAL_INIT(recvfrom);
+    REAL_INIT(recvmsg);
+    REAL_INIT(send);
+    REAL_INIT(sendto);
+    REAL_INIT(sendmsg);
+    REAL_INIT(accept);
+    REAL_INIT(accept4);
+    REAL_INIT(read);
+    REAL_INIT(write);
+}
+
+/* ---- one call, maybe interrupted by checkpoints ---- */
+
+struct span {
+    uint64_t q, u;  /* quiesces and user_sigs before the call */
+    int64_t p0, t0; /* parked_ns and CLOCK_MONOTONIC at the start */
+};
+
+static inline void span_start(struct span *s)
+{
+    s->q = T.quiesces;
+    s->u = T.user_sigs;
+}
+
+static int64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* a call with a finite timeout: parked_ns before the clock, so that a park
+ * in between makes the time left longer, never shorter */
+static inline void span_start_timed(struct span *s)
+{
+    span_start(s);
+    s->p0 = T.parked_ns;
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    s->t0 = mono_ns();
+}
+
+/* 1: the call was interrupted by checkpoints alone: make it again */
+static int span_again(struct span *s, int interrupted)
+{
+    if (!interrupted)
+        return 0;
+    uint64_t q = T.quiesces;
+    if (q == s->q || T.user_sigs != s->u)
+        return 0;
+    s->q = q;
+    return 1;
+}
+
+/* of a timeout of total_ns from the start, what is left (>= 0) */
+static int64_t span_left(const struct span *s, int64_t total_ns)
+{
+    int64_t now = mono_ns();
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    int64_t elapsed = (now - s->t0) - (T.parked_ns - s->p0);
+    if (elapsed < 0)
+        elapsed = 0;
+    return elapsed >= total_ns ? 0 : total_ns - elapsed;
+}
+
+static int64_t ts_ns(const struct timespec *ts) { return (int64_t)ts->tv_sec * 1000000000LL + ts->tv_nsec; }
+static struct timespec ns_ts(int64_t ns) { return (struct timespec){ns / 1000000000LL, ns % 1000000000LL}; }
+static int ms_ceil(int64_t ns) { return (int)((ns + 999999) / 1000000); }
+static int eintr(long rc) { return rc < 0 && errno == EINTR; }
+
+/* a mask the call installs, without the quiesce signal */
+static const sigset_t *open_quiesce(const sigset_t *m, sigset_t *copy)
+{
+    if (!m || !ck_shim.active || !sigismember(m, ck_shim.quiesce_signal))
+        return m;
+    *copy = *m;
+    sigdelset(copy, ck_shim.quiesce_signal);
+    return copy;
+}
+
+/* ---- poll, select, epoll ---- */
+
+CK_EXPORT int poll(struct pollfd *fds, nfds_t n, int timeout)
+{
+    struct span s;
+    if (timeout > 0)
+        span_start_timed(&s);
+    else
+        span_start(&s);
+    int t = timeout, rc;
+    while (span_again(&s, eintr(rc = REAL(poll)(fds, n, t))))
+        if (timeout > 0)
+            t = ms_ceil(span_left(&s, (int64_t)timeout * 1000000LL));
+    return rc;
+}
+
+CK_EXPORT int __poll_chk(struct pollfd *fds, nfds_t n, int timeout, size_t fdslen)
+{
+    if (fdslen / sizeof(*fds) < n)
+        __chk_fail();
+    return poll(fds, n, timeout);
+}
+
+CK_EXPORT int ppoll(struct pollfd *fds, nfds_t n, const struct timespec *timeout, const sigset_t *mask)
+{
+    struct span s;
+    sigset_t m;
+    mask = open_quiesce(mask, &m);
+    if (timeout)
+        span_start_timed(&s);
+    else
+        span_start(&s);
+    struct timespec left, *t = timeout ? (left = *timeout, &left) : 0;
+    int rc;
+    while (span_again(&s, eintr(rc = REAL(ppoll)(fds, n, t, mask))))
+        if (timeout)
+            left = ns_ts(span_left(&s, ts_ns(timeout)));
+    return rc;
+}
+
+CK_EXPORT int __ppoll_chk(struct pollfd *fds, nfds_t n, const struct timespec *timeout, const sigset_t *mask,
+                          size_t fdslen)
+{
+    if (fdslen / sizeof(*fds) < n)
+        __chk_fail();
+    return ppoll(fds, n, timeout, mask);
+}
+
+/* Linux leaves the time not slept in *tv: so does this, over all tries */
+CK_EXPORT int select(int n, fd_set *r, fd_set *w, fd_set *e, struct timeval *tv)
+{
+    struct span s;
+    if (tv)
+        span_start_timed(&s);
+    else
+        span_start(&s);
+    int64_t total = tv ? (int64_t)tv->tv_sec * 1000000000LL + (int64_t)tv->tv_usec * 1000 : 0;
+    /* the sets are in-out: a retry needs the ones asked for */
+    fd_set r0, w0, e0;
+    size_t bytes = n > 0 ? ((size_t)n + 7) / 8 : 0;
+    if (bytes > sizeof(fd_set))
+        bytes = sizeof(fd_set);
+    if (r)
+        __builtin_memcpy(&r0, r, bytes);
+    if (w)
+        __builtin_memcpy(&w0, w, bytes);
+    if (e)
+        __builtin_memcpy(&e0, e, bytes);
+    int rc;
+    while (span_again(&s, eintr(rc = REAL(select)(n, r, w, e, tv)))) {
+        if (r)
+            __builtin_memcpy(r, &r0, bytes);
+        if (w)
+            __builtin_memcpy(w, &w0, bytes);
+        if (e)
+            __builtin_memcpy(e, &e0, bytes);
+        if (tv) {
+            int64_t left = span_left(&s, total);
+            tv->tv_sec = left / 1000000000LL;
+            tv->tv_usec = (left % 1000000000LL + 999) / 1000;
+        }
+    }
+    return rc;
+}
+
+CK_EXPORT int pselect(int n, fd_set *r, fd_set *w, fd_set *e, const struct timespec *timeout, const sigset_t *mask)
+{
+    struct span s;
+    sigset_t m;
+    mask = open_quiesce(mask, &m);
+    if (timeout)
+        span_start_timed(&s);
+    else
+        span_start(&s);
+    struct timespec left, *t = timeout ? (left = *timeout, &left) : 0;
+    fd_set r0, w0, e0;
+    size_t bytes = n > 0 ? ((size_t)n + 7) / 8 : 0;
+    if (bytes > sizeof(fd_set))
+        bytes = sizeof(fd_set);
+    if (r)
+        __builtin_memcpy(&r0, r, bytes);
+    if (w)
+        __builtin_memcpy(&w0, w, bytes);
+    if (e)
+        __builtin_memcpy(&e0, e, bytes);
+    int rc;
+    while (span_again(&s, eintr(rc = REAL(pselect)(n, r, w, e, t, mask)))) {
+        if (r)
+            __builtin_memcpy(r, &r0, bytes);
+        if (w)
+            __builtin_memcpy(w, &w0, bytes);
+        if (e)
+            __builtin_memcpy(e, &e0, bytes);
+        if (timeout)
+            left = ns_ts(span_left(&s, ts_ns(timeout)));
+    }
+    return rc;
+}
+
+CK_EXPORT int epoll_wait(int ep, struct epoll_event *ev, int max, int timeout)
+{
+    struct span s;
+    if (timeout > 0)
+        span_start_timed(&s);
+    else
+        span_start(&s);
+    int t = timeout, rc;
+    while (span_again(&s, eintr(rc = REAL(epoll_wait)(ep, ev, max, t))))
+        if (timeout > 0)
+            t = ms_ceil(span_left(&s, (int64_t)timeout * 1000000LL));
+    return rc;
+}
+
+CK_EXPORT int epoll_pwait(int ep, struct epoll_event *ev, int max, int timeout, const sigset_t *mask)
+{
+    struct span s;
+    sigset_t m;
+    mask = open_quiesce(mask, &m);
+    if (timeout > 0)
+        span_start_timed(&s);
+    else
+        span_start(&s);
+    int t = timeout, rc;
+    while (span_again(&s, eintr(rc = REAL(epoll_pwait)(ep, ev, max, t, mask))))
+        if (timeout > 0)
+            t = ms_ceil(span_left(&s, (int64_t)timeout * 1000000LL));
+    return rc;
+}
+
+CK_EXPORT int epoll_pwait2(int ep, struct epoll_event *ev, int max, const struct timespec *timeout,
+                           const sigset_t *mask)
+{
+    struct span s;
+    sigset_t m;
+    mask = open_quiesce(mask, &m);
+    if (timeout)
+        span_start_timed(&s);
+    else
+        span_start(&s);
+    struct timespec left, *t = timeout ? (left = *timeout, &left) : 0;
+    int rc;
+    while (span_again(&s, eintr(rc = REAL(epoll_pwait2)(ep, ev, max, t, mask))))
+        if (timeout)
+            left = ns_ts(span_left(&s, ts_ns(timeout)));
+    return rc;
+}
+
+/* ---- sleeps ---- */
+
+static int is_cpu_clock(clockid_t c) { return c < 0 || c == CLOCK_PROCESS_CPUTIME_ID || c == CLOCK_THREAD_CPUTIME_ID; }
+
+/* clock_nanosleep's contract: 0 or an error number, errno untouched */
+static int sleep_on(clockid_t clk, int flags, const struct timespec *req, struct timespec *rem, int is_nanosleep)
+{
+    struct span s;
+    int relative = !(flags & TIMER_ABSTIME);
+    if (relative)
+        span_start_timed(&s);
+    else
+        span_start(&s);
+    const struct timespec want = *req; /* sleep() passes req as rem too */
+    struct timespec left = want, mine;
+    const struct timespec *t = &want;
+    struct timespec *r = rem ? rem : &mine;
+    for (;;) {
+        int rc = is_nanosleep ? (REAL(nanosleep)(t, r) < 0 ? errno : 0) : REAL(clock_nanosleep)(clk, flags, t, r);
+        if (!span_again(&s, rc == EINTR))
+            return rc;
+        if (relative) {
+            /* CPU-time clocks do not advance while parked: the kernel's own
+             * remainder is right for them */
+            left = is_cpu_clock(clk) ? *r : ns_ts(span_left(&s, ts_ns(&want)));
+            t = &left;
+        }
+    }
+}
+
+CK_EXPORT int nanosleep(const struct timespec *req, struct timespec *rem)
+{
+    int saved = errno;
+    int rc = sleep_on(CLOCK_MONOTONIC, 0, req, rem, 1);
+    errno = rc ? rc : saved;
+    return rc ? -1 : 0;
+}
+
+CK_EXPORT int clock_nanosleep(clockid_t clk, int flags, const struct timespec *req, struct timespec *rem)
+{
+    return sleep_on(clk, flags, req, rem, 0);
+}
+
+/* glibc's own, on the nanosleep above */
+CK_EXPORT unsigned int sleep(unsigned int seconds)
+{
+    int saved = errno;
+    struct timespec ts = {(time_t)seconds, 0};
+    if (nanosleep(&ts, &ts) < 0)
+        return (unsigned int)ts.tv_sec;
+    errno = saved;
+    return 0;
+}
+
+CK_EXPORT int usleep(useconds_t us)
+{
+    struct timespec ts = {(time_t)(us / 1000000), (long)(us % 1000000) * 1000};
+    return nanosleep(&ts, 0);
+}
+
+CK_EXPORT int thrd_sleep(const struct timespec *req, struct timespec *rem)
+{
+    int rc = clock_nanosleep(CLOCK_REALTIME, 0, req, rem);
+    return rc == 0 ? 0 : rc == EINTR ? -1 : -2;
+}
+
+/* ---- signals ---- */
+
+static const sigset_t *wait_set(const sigset_t *set, sigset_t *copy)
+{
+    return open_quiesce(set, copy);
+}
+
+CK_EXPORT int sigtimedwait(const sigset_t *set, siginfo_t *info, const struct timespec *timeout)
+{
+    struct span s;
+    sigset_t m;
+    set = wait_set(set, &m);
+    if (timeout)
+        span_start_timed(&s);
+    else
+        span_start(&s);
+    struct timespec left, *t = timeout ? (left = *timeout, &left) : 0;
+    int rc;
+    while (span_again(&s, eintr(rc = REAL(sigtimedwait)(set, info, t))))
+        if (timeout)
+            left = ns_ts(span_left(&s, ts_ns(timeout)));
+    return rc;
+}
+
+CK_EXPORT int sigwaitinfo(const sigset_t *set, siginfo_t *info)
+{
+    struct span s;
+    sigset_t m;
+    set = wait_set(set, &m);
+    span_start(&s);
+    int rc;
+    while (span_again(&s, eintr(rc = REAL(sigwaitinfo)(set, info))))
+        ;
+    return rc;
+}
+
+/* returns when one of the program's own handlers ran, as without ckptd */
+CK_EXPORT int sigsuspend(const sigset_t *mask)
+{
+    struct span s;
+    sigset_t m;
+    mask = open_quiesce(mask, &m);
+    span_start(&s);
+    int rc;
+    while (span_again(&s, eintr(rc = REAL(sigsuspend)(mask))))
+        ;
+    return rc;
+}
+
+CK_EXPORT int pause(void)
+{
+    struct span s;
+    span_start(&s);
+    int rc;
+    while (span_again(&s, eintr(rc = REAL(pause)())))
+        ;
+    return rc;
+}
+
+/* ---- futex waits through syscall() (interpose.c); raw result ---- */
+
+long ck_eintr_futex(long uaddr, long op, long val, long timeout, long a4, long a5)
+{
+    int cmd = (int)op & FUTEX_CMD_MASK;
+    if (!timeout || (cmd != FUTEX_WAIT && cmd != FUTEX_WAIT_BITSET))
+        return ck_sc6(SYS_futex, uaddr, op, val, timeout, a4, a5);
+    /* FUTEX_WAIT's timeout is relative; FUTEX_WAIT_BITSET's a deadline */
+    struct span s;
+    int relative = cmd == FUTEX_WAIT;
+    if (relative)
+        span_start_timed(&s);
+    else
+        span_start(&s);
+    const struct timespec *req = (const struct timespec *)timeout;
+    struct timespec left = *req;
+    long t = relative ? (long)&left : timeout, rc;
+    while (span_again(&s, (rc = ck_sc6(SYS_futex, uaddr, op, val, t, a4, a5)) == -EINTR))
+        if (relative)
+            left = ns_ts(span_left(&s, ts_ns(req)));
+    return rc;
+}
+
+/* ---- socket calls under SO_RCVTIMEO / SO_SNDTIMEO: the full timeout again ---- */
+
+#define RETRY(type, call)                      \
+    do {                                       \
+        struct span s;                         \
+        span_start(&s);                        \
+        type rc;                               \
+        while (span_again(&s, eintr(rc = call))) \
+            ;                                  \
+        return rc;                             \
+    } while (0)
+
+CK_EXPORT ssize_t recv(int fd, void *buf, size_t n, int flags) { RETRY(ssize_t, REAL(recv)(fd, buf, n, flags)); }
+CK_EXPORT ssize_t recvfrom(int fd, void *restrict buf, size_t n, int flags, __SOCKADDR_ARG addr,
+                           socklen_t *restrict len)
+{
+    RETRY(ssize_t, REAL(recvfrom)(fd, buf, n, flags, addr, len));
+}
+CK_EXPORT ssize_t recvmsg(int fd, struct msghdr *msg, int flags) { RETRY(ssize_t, REAL(recvmsg)(fd, msg, flags)); }
+CK_EXPORT ssize_t send(int fd, const void *buf, size_t n, int flags) { RETRY(ssize_t, REAL(send)(fd, buf, n, flags)); }
+CK_EXPORT ssize_t sendto(int fd, const void *buf, size_t n, int flags, __CONST_SOCKADDR_ARG addr, socklen_t len)
+{
+    RETRY(ssize_t, REAL(sendto)(fd, buf, n, flags, addr, len));
+}
+CK_EXPORT ssize_t sendmsg(int fd, const struct msghdr *msg, int flags) { RETRY(ssize_t, REAL(sendmsg)(fd, msg, flags)); }
+CK_EXPORT int accept(int fd, __SOCKADDR_ARG addr, socklen_t *restrict len) { RETRY(int, REAL(accept)(fd, addr, len)); }
+CK_EXPORT int accept4(int fd, __SOCKADDR_ARG addr, socklen_t *restrict len, int flags)
+{
+    RETRY(int, REAL(accept4)(fd, addr, len, flags));
+}
+CK_EXPORT ssize_t read(int fd, void *buf, size_t n) { RETRY(ssize_t, REAL(read)(fd, buf, n)); }
+CK_EXPORT ssize_t write(int fd, const void *buf, size_t n) { RETRY(ssize_t, REAL(write)(fd, buf, n)); }
+
+/* _FORTIFY_SOURCE variants: glibc's call the inner function directly */
+CK_EXPORT ssize_t __read_chk(int fd, void *buf, size_t n, size_t buflen)
+{
+    if (n > buflen)
+        __chk_fail();
+    return read(fd, buf, n);
+}
+CK_EXPORT ssize_t __recv_chk(int fd, void *buf, size_t n, size_t buflen, int flags)
+{
+    if (n > buflen)
+        __chk_fail();
+    return recv(fd, buf, n, flags);
+}
+CK_EXPORT ssize_t __recvfrom_chk(int fd, void *restrict buf, size_t n, size_t buflen, int flags, __SOCKADDR_ARG addr,
+                                 socklen_t *restrict len)
+{
+    if (n > buflen)
+        __chk_fail();
+    return recvfrom(fd, buf, n, flags, addr, len);
+}
