@@ -269,15 +269,20 @@ def outdir(tmp_path: Path) -> Path:
     return d
 
 
-@pytest.fixture(scope="session")
-def ctimer(tmp_path_factory: pytest.TempPathFactory) -> str:
-    exe = tmp_path_factory.mktemp("bin") / "ctimer"
+def compile_workload(tmp_path_factory: pytest.TempPathFactory, name: str) -> str:
+    """tests/workloads/<name>.c built into a directory other users may enter."""
+    exe = tmp_path_factory.mktemp("bin") / name
     subprocess.run(
-        ["gcc", "-O2", "-Wall", "-Wextra", "-Werror", "-pthread", str(WORKLOADS / "ctimer.c"), "-o", str(exe)],
+        ["gcc", "-O2", "-Wall", "-Wextra", "-Werror", "-pthread", str(WORKLOADS / f"{name}.c"), "-o", str(exe)],
         check=True,
     )
     exe.parent.chmod(0o755)
     return str(exe)
+
+
+@pytest.fixture(scope="session")
+def ctimer(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return compile_workload(tmp_path_factory, "ctimer")
 
 
 class Plain:

@@ -12,23 +12,16 @@ resume them with the time that was left.
 from __future__ import annotations
 
 import re
-import subprocess
 
 import pytest
-from conftest import WORKLOADS, Ckptd, run_plain
+from conftest import Ckptd, compile_workload, run_plain
 
 ROUNDS = 45  # about one second each (the sleep(1) thread)
 
 
 @pytest.fixture(scope="module")
 def eintr_exe(tmp_path_factory: pytest.TempPathFactory) -> str:
-    exe = tmp_path_factory.mktemp("bin") / "eintr"
-    subprocess.run(
-        ["gcc", "-O2", "-Wall", "-Wextra", "-Werror", "-pthread", str(WORKLOADS / "eintr.c"), "-o", str(exe)],
-        check=True,
-    )
-    exe.parent.chmod(0o755)
-    return str(exe)
+    return compile_workload(tmp_path_factory, "eintr")
 
 
 def _round(c: Ckptd, job: str) -> int:

@@ -327,6 +327,35 @@ CK_EXPORT int __ppoll_chk(struct pollfd *fds, nfds_t n, const struct timespec *t
 }
 
 /* Linux leaves the time not slept in *tv: so does this, over all tries */
+/* select's sets are in-out: a retry needs the ones asked for */
+struct fd_sets {
+    fd_set r, w, e;
+    size_t bytes;
+};
+
+static void sets_save(struct fd_sets *k, int n, const fd_set *r, const fd_set *w, const fd_set *e)
+{
+    k->bytes = n > 0 ? ((size_t)n + 7) / 8 : 0;
+    if (k->bytes > sizeof(fd_set))
+        k->bytes = sizeof(fd_set);
+    if (r)
+        __builtin_memcpy(&k->r, r, k->bytes);
+    if (w)
+        __builtin_memcpy(&k->w, w, k->bytes);
+    if (e)
+        __builtin_memcpy(&k->e, e, k->bytes);
+}
+
+static void sets_restore(const struct fd_sets *k, fd_set *r, fd_set *w, fd_set *e)
+{
+    if (r)
+        __builtin_memcpy(r, &k->r, k->bytes);
+    if (w)
+        __builtin_memcpy(w, &k->w, k->bytes);
+    if (e)
+        __builtin_memcpy(e, &k->e, k->bytes);
+}
+
 CK_EXPORT int select(int n, fd_set *r, fd_set *w, fd_set *e, struct timeval *tv)
 {
     struct span s;
@@ -335,25 +364,11 @@ CK_EXPORT int select(int n, fd_set *r, fd_set *w, fd_set *e, struct timeval *tv)
     else
         span_start(&s);
     int64_t total = tv ? (int64_t)tv->tv_sec * 1000000000LL + (int64_t)tv->tv_usec * 1000 : 0;
-    /* the sets are in-out: a retry needs the ones asked for */
-    fd_set r0, w0, e0;
-    size_t bytes = n > 0 ? ((size_t)n + 7) / 8 : 0;
-    if (bytes > sizeof(fd_set))
-        bytes = sizeof(fd_set);
-    if (r)
-        __builtin_memcpy(&r0, r, bytes);
-    if (w)
-        __builtin_memcpy(&w0, w, bytes);
-    if (e)
-        __builtin_memcpy(&e0, e, bytes);
+    struct fd_sets asked;
+    sets_save(&asked, n, r, w, e);
     int rc;
     while (span_again(&s, eintr(rc = REAL(select)(n, r, w, e, tv)))) {
-        if (r)
-            __builtin_memcpy(r, &r0, bytes);
-        if (w)
-            __builtin_memcpy(w, &w0, bytes);
-        if (e)
-            __builtin_memcpy(e, &e0, bytes);
+        sets_restore(&asked, r, w, e);
         if (tv) {
             int64_t left = span_left(&s, total);
             tv->tv_sec = left / 1000000000LL;
@@ -373,24 +388,11 @@ CK_EXPORT int pselect(int n, fd_set *r, fd_set *w, fd_set *e, const struct times
     else
         span_start(&s);
     struct timespec left, *t = timeout ? (left = *timeout, &left) : 0;
-    fd_set r0, w0, e0;
-    size_t bytes = n > 0 ? ((size_t)n + 7) / 8 : 0;
-    if (bytes > sizeof(fd_set))
-        bytes = sizeof(fd_set);
-    if (r)
-        __builtin_memcpy(&r0, r, bytes);
-    if (w)
-        __builtin_memcpy(&w0, w, bytes);
-    if (e)
-        __builtin_memcpy(&e0, e, bytes);
+    struct fd_sets asked;
+    sets_save(&asked, n, r, w, e);
     int rc;
     while (span_again(&s, eintr(rc = REAL(pselect)(n, r, w, e, t, mask)))) {
-        if (r)
-            __builtin_memcpy(r, &r0, bytes);
-        if (w)
-            __builtin_memcpy(w, &w0, bytes);
-        if (e)
-            __builtin_memcpy(e, &e0, bytes);
+        sets_restore(&asked, r, w, e);
         if (timeout)
             left = ns_ts(span_left(&s, ts_ns(timeout)));
     }
