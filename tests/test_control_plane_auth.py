@@ -23,6 +23,7 @@ from typing import Any
 import grpc
 import pytest
 from conftest import CKPTCTL, CKPTD, PYTHON, WORKLOADS
+from test_bad_input import one_line_error
 
 from ckptd.v1 import ckptd_pb2 as pb
 from ckptd.v1 import ckptd_pb2_grpc as pb_grpc
@@ -146,11 +147,10 @@ def status(c: TlsCluster, job: str) -> dict[str, Any]:
     return json.loads(c.ctl("root", "status", job, "--json").stdout)  # type: ignore[no-any-return]
 
 
-def one_line_error(p: subprocess.CompletedProcess[str]) -> str:
+def refused(p: subprocess.CompletedProcess[str]) -> str:
+    """The one-line error of a command that failed."""
     assert p.returncode != 0, p.stdout
-    lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), p.stderr
-    return lines[0]
+    return one_line_error(p)
 
 
 def test_tcp_listeners_refuse_to_run_without_tls(tmp_path: Path) -> None:
@@ -162,7 +162,7 @@ def test_tcp_listeners_refuse_to_run_without_tls(tmp_path: Path) -> None:
         ["agent", "--coordinator", "unix:/nonexistent", "--node", "n1", "--listen", "0.0.0.0:0"],
     ):
         p = subprocess.run([CKPTD, *argv], env=env, capture_output=True, text=True, timeout=60)
-        line = one_line_error(p)
+        line = refused(p)
         assert "refusing to listen on" in line and "without TLS" in line and "--tls" in line, line
         assert p.returncode == 4
 
@@ -170,12 +170,12 @@ def test_tcp_listeners_refuse_to_run_without_tls(tmp_path: Path) -> None:
 def test_a_daemon_needs_a_certificate_of_its_own_role(tls: TlsCluster) -> None:
     """A node's certificate cannot serve as the coordinator, nor n2's as n1's agent."""
     p = tls.run(None, CKPTD, "coordinator", "--listen", "127.0.0.1:0", "--tls", str(tls.certs / "n1"), check=False)
-    assert "is a node certificate for 'n1', not a coordinator one" in one_line_error(p)
+    assert "is a node certificate for 'n1', not a coordinator one" in refused(p)
     p = tls.run(
         None, CKPTD, "agent", "--coordinator", tls.address, "--node", "n1",
         "--listen", "127.0.0.1:0", "--tls", str(tls.certs / "n2"), check=False,
     )  # fmt: skip
-    assert "is a node certificate for 'n2', not a node n1 one" in one_line_error(p)
+    assert "is a node certificate for 'n2', not a node n1 one" in refused(p)
 
 
 STRANGERS = ("no certificate", "foreign", "foreign-trusting-ours", "nobody")
@@ -208,7 +208,7 @@ def test_strangers_cannot_drive_another_users_job(tls: TlsCluster, tmp_path: Pat
             attempts = attempts[1:]
         for argv in attempts:
             p = tls.run(cert, *argv, check=False)
-            line = one_line_error(p)
+            line = refused(p)
             if who == "nobody":
                 assert "belongs to another user" in line or "only an admin" in line, (argv, line)
             elif cert is None:
@@ -219,7 +219,7 @@ def test_strangers_cannot_drive_another_users_job(tls: TlsCluster, tmp_path: Pat
         if who == "nobody":
             assert jobs.returncode == 0 and "victim" not in jobs.stdout, jobs.stdout
         else:
-            one_line_error(jobs)
+            refused(jobs)
 
     # a plaintext client, and a TLS client without a certificate, are refused by the server itself
     ca = (tls.certs / "ca" / "ca.pem").read_bytes()

@@ -240,6 +240,15 @@ static inline void span_start_timed(struct span *s)
     s->t0 = mono_ns();
 }
 
+/* timed: the call has a finite timeout, whose time left span_left tells */
+static inline void span_begin(struct span *s, int timed)
+{
+    if (timed)
+        span_start_timed(s);
+    else
+        span_start(s);
+}
+
 /* 1: the call was interrupted by checkpoints alone: make it again */
 static int span_again(struct span *s, int interrupted)
 {
@@ -283,10 +292,7 @@ static const sigset_t *open_quiesce(const sigset_t *m, sigset_t *copy)
 CK_EXPORT int poll(struct pollfd *fds, nfds_t n, int timeout)
 {
     struct span s;
-    if (timeout > 0)
-        span_start_timed(&s);
-    else
-        span_start(&s);
+    span_begin(&s, timeout > 0);
     int t = timeout, rc;
     while (span_again(&s, eintr(rc = REAL(poll)(fds, n, t))))
         if (timeout > 0)
@@ -306,10 +312,7 @@ CK_EXPORT int ppoll(struct pollfd *fds, nfds_t n, const struct timespec *timeout
     struct span s;
     sigset_t m;
     mask = open_quiesce(mask, &m);
-    if (timeout)
-        span_start_timed(&s);
-    else
-        span_start(&s);
+    span_begin(&s, timeout != NULL);
     struct timespec left, *t = timeout ? (left = *timeout, &left) : 0;
     int rc;
     while (span_again(&s, eintr(rc = REAL(ppoll)(fds, n, t, mask))))
@@ -359,10 +362,7 @@ static void sets_restore(const struct fd_sets *k, fd_set *r, fd_set *w, fd_set *
 CK_EXPORT int select(int n, fd_set *r, fd_set *w, fd_set *e, struct timeval *tv)
 {
     struct span s;
-    if (tv)
-        span_start_timed(&s);
-    else
-        span_start(&s);
+    span_begin(&s, tv != NULL);
     int64_t total = tv ? (int64_t)tv->tv_sec * 1000000000LL + (int64_t)tv->tv_usec * 1000 : 0;
     struct fd_sets asked;
     sets_save(&asked, n, r, w, e);
@@ -383,10 +383,7 @@ CK_EXPORT int pselect(int n, fd_set *r, fd_set *w, fd_set *e, const struct times
     struct span s;
     sigset_t m;
     mask = open_quiesce(mask, &m);
-    if (timeout)
-        span_start_timed(&s);
-    else
-        span_start(&s);
+    span_begin(&s, timeout != NULL);
     struct timespec left, *t = timeout ? (left = *timeout, &left) : 0;
     struct fd_sets asked;
     sets_save(&asked, n, r, w, e);
@@ -402,10 +399,7 @@ CK_EXPORT int pselect(int n, fd_set *r, fd_set *w, fd_set *e, const struct times
 CK_EXPORT int epoll_wait(int ep, struct epoll_event *ev, int max, int timeout)
 {
     struct span s;
-    if (timeout > 0)
-        span_start_timed(&s);
-    else
-        span_start(&s);
+    span_begin(&s, timeout > 0);
     int t = timeout, rc;
     while (span_again(&s, eintr(rc = REAL(epoll_wait)(ep, ev, max, t))))
         if (timeout > 0)
@@ -418,10 +412,7 @@ CK_EXPORT int epoll_pwait(int ep, struct epoll_event *ev, int max, int timeout, 
     struct span s;
     sigset_t m;
     mask = open_quiesce(mask, &m);
-    if (timeout > 0)
-        span_start_timed(&s);
-    else
-        span_start(&s);
+    span_begin(&s, timeout > 0);
     int t = timeout, rc;
     while (span_again(&s, eintr(rc = REAL(epoll_pwait)(ep, ev, max, t, mask))))
         if (timeout > 0)
@@ -435,10 +426,7 @@ CK_EXPORT int epoll_pwait2(int ep, struct epoll_event *ev, int max, const struct
     struct span s;
     sigset_t m;
     mask = open_quiesce(mask, &m);
-    if (timeout)
-        span_start_timed(&s);
-    else
-        span_start(&s);
+    span_begin(&s, timeout != NULL);
     struct timespec left, *t = timeout ? (left = *timeout, &left) : 0;
     int rc;
     while (span_again(&s, eintr(rc = REAL(epoll_pwait2)(ep, ev, max, t, mask))))
@@ -456,10 +444,7 @@ static int sleep_on(clockid_t clk, int flags, const struct timespec *req, struct
 {
     struct span s;
     int relative = !(flags & TIMER_ABSTIME);
-    if (relative)
-        span_start_timed(&s);
-    else
-        span_start(&s);
+    span_begin(&s, relative);
     const struct timespec want = *req; /* sleep() passes req as rem too */
     struct timespec left = want, mine;
     const struct timespec *t = &want;
@@ -525,10 +510,7 @@ CK_EXPORT int sigtimedwait(const sigset_t *set, siginfo_t *info, const struct ti
     struct span s;
     sigset_t m;
     set = wait_set(set, &m);
-    if (timeout)
-        span_start_timed(&s);
-    else
-        span_start(&s);
+    span_begin(&s, timeout != NULL);
     struct timespec left, *t = timeout ? (left = *timeout, &left) : 0;
     int rc;
     while (span_again(&s, eintr(rc = REAL(sigtimedwait)(set, info, t))))
@@ -582,10 +564,7 @@ long ck_eintr_futex(long uaddr, long op, long val, long timeout, long a4, long a
     /* FUTEX_WAIT's timeout is relative; FUTEX_WAIT_BITSET's a deadline */
     struct span s;
     int relative = cmd == FUTEX_WAIT;
-    if (relative)
-        span_start_timed(&s);
-    else
-        span_start(&s);
+    span_begin(&s, relative);
     const struct timespec *req = (const struct timespec *)timeout;
     struct timespec left = *req;
     long t = relative ? (long)&left : timeout, rc;
