@@ -210,6 +210,13 @@ class AgentNode:
             conn.close()
             return
         with job.cond:
+            # A process that exec'd said HELLO twice on two connections (the
+            # first, close-on-exec, from before the exec), and the two greeters
+            # may get here in either order: a connection whose process already
+            # closed it never replaces the one it has now (it would be dropped
+            # at its close, and the process seen as outside the shim).
+            if conn.hung_up():
+                return
             job.shims[conn.host_pid] = conn
             job.cond.notify_all()
         # no event for the coordinator: a job that forks hundreds of short-lived

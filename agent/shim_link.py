@@ -26,6 +26,7 @@ import contextlib
 import logging
 import os
 import queue
+import select
 import socket
 import struct
 import threading
@@ -187,6 +188,18 @@ class ShimConnection:
                 code = Code.ABORTED if reply.fields.get("retry") == "1" else Code.FAILED_PRECONDITION
                 raise ShimError(code, reply.fields.get("msg", "unknown error"))
             return reply
+
+    def hung_up(self) -> bool:
+        """The process closed its end (it exited, or exec'd: its descriptor
+        is close-on-exec), whether or not the reader has seen it yet."""
+        if self.closed.is_set():
+            return True
+        try:
+            p = select.poll()
+            p.register(self.sock, select.POLLRDHUP)
+            return any(ev & (select.POLLRDHUP | select.POLLHUP | select.POLLERR) for _, ev in p.poll(0))
+        except (OSError, ValueError):
+            return True
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
