@@ -239,6 +239,25 @@ def kill_restart_twice(c: Ckptd, job: str, mark: Callable[[int], str], at: tuple
     return infos
 
 
+def exact_round_trip(c: Ckptd, job: str, argv: list[str], *, checkpoint_at: int = 3, kill_at: int = 6) -> str:
+    """A kernel-state program (tests/workloads/state_check.h) checkpointed at
+    step checkpoint_at, SIGKILLed at step kill_at, restarted: it must check
+    its state good to the end and print what an uninterrupted run prints.
+    Returns its whole output."""
+    plain = run_plain(argv)
+    c.launch(job, argv)
+    c.wait_log(job, rf"^step {checkpoint_at} ok")
+    c.checkpoint(job)
+    c.wait_log(job, rf"^step {kill_at} ok")
+    c.kill9(job)
+    c.ctl("restart", job)
+    rc = c.wait(job)
+    out = c.log(job)
+    assert rc == 0 and "BAD " not in out, out[-2000:]
+    assert c.log(job, "stdout") == plain.stdout
+    return out
+
+
 @contextlib.contextmanager
 def ckptd_at(home: Path, user: tuple[int, int] | None = None) -> Iterator[Ckptd]:
     """A Ckptd whose daemon and jobs are cleaned up afterwards."""
