@@ -43,6 +43,7 @@ from ckptd.image.core import CoreImage
 from ckptd.image.crypt import seal_into
 from ckptd.image.manifest import checksum_entries, list_files
 from ckptd.image.plan import PlanError, plan_for_checkpoint
+from ckptd.jobstate import JobState
 from ckptd.v1 import ckptd_pb2 as pb
 
 from .gpu import DeviceMemory, cuda_pids
@@ -255,7 +256,7 @@ class Checkpointer:
         self, job: JobRuntime, ckpt_id: int, timeout_s: float, directory: str, check_space: bool
     ) -> pb.PrepareResponse:
         with job.cond:
-            if job.state != "running":
+            if job.state != JobState.RUNNING:
                 raise CkptdError(Code.FAILED_PRECONDITION, f"job {job.name} is {job.state}, not running")
             if job.name in self._parked:
                 raise CkptdError(Code.ABORTED, f"a checkpoint of job {job.name} is already in progress")
@@ -264,7 +265,7 @@ class Checkpointer:
         if check_space:  # an incremental one needs far less than the resident size; a full disk still fails cleanly
             self._check_space(job, directory)
         with job.cond:
-            job.state = "checkpointing"
+            job.state = JobState.CHECKPOINTING
             job.operation = f"checkpoint {ckpt_id}: quiescing"
         try:
             if self._cancelled.get(job.name) == ckpt_id:
@@ -466,8 +467,8 @@ class Checkpointer:
     @staticmethod
     def _back_to_running(job: JobRuntime) -> None:
         with job.cond:
-            if job.state == "checkpointing":
-                job.state = "running"
+            if job.state == JobState.CHECKPOINTING:
+                job.state = JobState.RUNNING
             job.operation = ""
             job.cond.notify_all()
 

@@ -12,6 +12,7 @@ from typing import Any
 from ckptd import limits
 from ckptd.errors import CkptdError, Code
 from ckptd.image.checksum import IdentityCache
+from ckptd.jobstate import LIVE, JobState
 from ckptd.paths import Home, write_private
 from ckptd.rpc import call, coordinator_stub
 from ckptd.v1 import ckptd_pb2 as pb
@@ -23,7 +24,7 @@ from .owner import Owner, check_storage, resolve_owner
 from .owner import shim_socket as owner_shim_socket
 from .progress import Transfers
 from .restore import check_checkpoint_dir, restore_job, resume_restored, verify_checkpoint
-from .runtime import RUNNING_STATES, Incarnation, JobRuntime, job_dir_of, spec_from_json, spec_to_json
+from .runtime import Incarnation, JobRuntime, job_dir_of, spec_from_json, spec_to_json
 from .shim_link import ShimConnection, ShimServer
 
 log = logging.getLogger(__name__)
@@ -186,7 +187,7 @@ class AgentNode:
     def _on_change(self, job: JobRuntime) -> None:
         with self.lock:
             current = self.jobs.get(job.name) is job
-        if job.netns and job.state not in RUNNING_STATES and current:
+        if job.netns and job.state not in LIVE and current:
             # the rank's processes are gone: so is its address on this node
             # (unless a restore already made the namespace again, under the
             # same name, for the rank's next incarnation)
@@ -382,7 +383,7 @@ class AgentNode:
         except CkptdError as e:
             with job.cond:
                 if job.incarnation is None:  # failed before anything was started
-                    job.state, job.message = "failed", f"restart failed: {e.message}"
+                    job.state, job.message = JobState.FAILED, f"restart failed: {e.message}"
             self._on_change(job)
             raise
         self._on_change(job)

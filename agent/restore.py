@@ -53,6 +53,7 @@ from ckptd.image.crypt import key_memfd
 from ckptd.image.manifest import PendingChecksum, check_pending, load_manifest, verify_files
 from ckptd.image.plan import PlanError, plan_for_checkpoint
 from ckptd.image.transfer import is_memory_image  # checked while the restore reads it (module doc)
+from ckptd.jobstate import LIVE, JobState
 from ckptd.native import restorer_binary
 from ckptd.nofollow import UnsafePath, open_dir
 from ckptd.paths import Home, JobDir, checkpoint_name, parse_checkpoint_name
@@ -62,7 +63,7 @@ from . import gpu
 from .lazy import LazyFill
 from .progress import Transfer, Transfers, resident_anon
 from .rollback import WorldRollback, check_recorded, check_written_files
-from .runtime import RUNNING_STATES, JobRuntime
+from .runtime import JobRuntime
 from .shim_link import ShimConnection
 
 log = logging.getLogger(__name__)
@@ -393,12 +394,12 @@ def _fail_restore(job: JobRuntime, world: WorldRollback, started: bool, error: B
         job.kill(requested=False)
     with job.cond:
         deadline = time.monotonic() + 30
-        while started and job.state in RUNNING_STATES and time.monotonic() < deadline:
+        while started and job.state in LIVE and time.monotonic() < deadline:
             job.cond.wait(0.2)  # until its monitor has seen the incarnation end
     world.undo()
     why = error.message if isinstance(error, CkptdError) else str(error) or type(error).__name__
     with job.cond:
-        job.state, job.operation = "failed", ""
+        job.state, job.operation = JobState.FAILED, ""
         job.message = why if why.startswith("restart") else f"restart failed: {why}"
         job.cond.notify_all()
 
@@ -418,7 +419,7 @@ def resume_restored(job: JobRuntime, conns: list[ShimConnection], name: str) -> 
                 Code.FAILED_PRECONDITION, f"restart of job {job.name} from {name} failed: {e.message}"
             ) from None
     with job.cond:
-        job.state = "running"
+        job.state = JobState.RUNNING
         job.message = f"restored from {name}"
         job.operation = ""
         job.cond.notify_all()
@@ -443,7 +444,7 @@ def _wait_restored(job: JobRuntime, generation: int, pids: set[int], deadline: f
             found = {c.pid: c for c in job.shims.values() if c.restored and c.pid in pids}
             if len(found) == len(pids):
                 return [found[p] for p in sorted(pids)]
-            if job.generation != generation or job.state not in ("restoring",):
+            if job.generation != generation or job.state is not JobState.RESTORING:
                 return None
             left = deadline - time.monotonic()
             if left <= 0:

@@ -31,6 +31,7 @@ from google.protobuf import json_format
 
 from ckptd.errors import CkptdError, Code
 from ckptd.image.crypt import job_key
+from ckptd.jobstate import LIVE, JobState
 from ckptd.native import init_binary, shim_library
 from ckptd.paths import Home, JobDir, job_umask
 from ckptd.v1 import ckptd_pb2 as pb
@@ -41,7 +42,6 @@ from .shim_link import ShimConnection
 
 log = logging.getLogger(__name__)
 
-RUNNING_STATES = ("starting", "running", "checkpointing", "restoring")
 WRITER_COMM = "ckptd-writer"  # the name native/shim/writeout.c gives its writer
 
 
@@ -131,7 +131,7 @@ class JobRuntime:
         self.owner = owner or resolve_owner(spec.owner, node)
         self.shim_socket = home.shim_socket(node)
         self.cond = threading.Condition()
-        self.state = "starting"
+        self.state = JobState.STARTING
         self.message = ""
         self.operation = ""
         self.generation = 0
@@ -209,7 +209,7 @@ class JobRuntime:
         return out
 
     def alive(self) -> bool:
-        return self._init_process() is not None and self.state in RUNNING_STATES
+        return self._init_process() is not None and self.state in LIVE
 
     # ---- starting ----
 
@@ -376,7 +376,7 @@ class JobRuntime:
             self.lazy = None
             self.failure = ""
             self.before_end = None
-            self.state = "restoring" if restore else "running"
+            self.state = JobState.RESTORING if restore else JobState.RUNNING
             self.message = f"restoring from {restored_from}" if restore else ""
             self.cond.notify_all()
         threading.Thread(target=self._monitor, args=(inc,), name=f"monitor-{self.name}", daemon=True).start()
@@ -405,7 +405,7 @@ class JobRuntime:
         if self._init_process() is None:
             self.incarnation = None
             return False
-        self.state = "running"
+        self.state = JobState.RUNNING
         self.message = "re-adopted after an agent restart"
         threading.Thread(target=self._monitor, args=(inc,), name=f"monitor-{self.name}", daemon=True).start()
         return True
@@ -432,23 +432,23 @@ class JobRuntime:
                 undo, self.before_end = self.before_end, None
                 undo()  # under the lock: nobody sees the end before it is done
             if self.failure:
-                self.state, self.message = "failed", self.failure
+                self.state, self.message = JobState.FAILED, self.failure
             elif self.kill_requested and self.stop_reason:
-                self.state, self.message = "stopped", self.stop_reason
+                self.state, self.message = JobState.STOPPED, self.stop_reason
             elif self.kill_requested:
-                self.state, self.message = "killed", "killed by `ckptctl kill`"
+                self.state, self.message = JobState.KILLED, "killed by `ckptctl kill`"
             elif exit_info.signal == signal.SIGKILL:
-                self.state = "failed"
+                self.state = JobState.FAILED
                 self.message = (
                     "killed by SIGKILL (node failure, OOM killer or kill -9); "
                     f"`ckptctl restart {self.spec.rank.job or self.name}` resumes it from its last checkpoint"
                 )
             elif exit_info.signal:
-                self.state, self.message = "exited", f"terminated by signal {exit_info.signal}"
+                self.state, self.message = JobState.EXITED, f"terminated by signal {exit_info.signal}"
             elif exit_info.code is None:
-                self.state, self.message = "failed", self._init_error(inc) or "ckptd-init failed"
+                self.state, self.message = JobState.FAILED, self._init_error(inc) or "ckptd-init failed"
             else:
-                self.state, self.message = "exited", f"exit status {exit_info.code}"
+                self.state, self.message = JobState.EXITED, f"exit status {exit_info.code}"
             self.operation = ""
             self.cond.notify_all()
         log.info("job %s generation %d ended: %s (%s)", self.name, inc.generation, self.state, self.message)
@@ -492,14 +492,14 @@ class JobRuntime:
                 return  # a later restart owns the job now
             if self.failure:
                 return  # the first failure is the one to report
-            if self.state in RUNNING_STATES:
+            if self.state in LIVE:
                 self.failure, self.before_end = why, undo
                 alive = True
             else:
                 alive = False
                 if undo is not None:
                     undo()
-                self.state, self.message = "failed", why
+                self.state, self.message = JobState.FAILED, why
                 self.cond.notify_all()
         if alive:
             self.kill(requested=False)
@@ -524,7 +524,7 @@ class JobRuntime:
     def wait_ended(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         with self.cond:
-            while self.state in RUNNING_STATES and self._init_process() is not None:
+            while self.state in LIVE and self._init_process() is not None:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
@@ -563,7 +563,7 @@ class JobRuntime:
         with self.cond:
             st = pb.JobStatus(
                 name=self.name,
-                state=self.state,
+                state=self.state.pb,
                 node=self.node,
                 generation=self.generation,
                 log_path=str(self.job_dir.log),
@@ -576,7 +576,7 @@ class JobRuntime:
                 st.exit_code = self.exit.code or 0
                 st.exit_signal = self.exit.signal or 0
             shims = dict(self.shims)
-        if self.state in RUNNING_STATES:
+        if self.state in LIVE:
             for pid in self.live_pids():
                 conn = shims.get(pid)
                 st.pids.append(pid)

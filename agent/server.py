@@ -11,13 +11,14 @@ import grpc
 
 from ckptd.auth import Policy, Role
 from ckptd.errors import CkptdError, Code
+from ckptd.jobstate import LIVE
 from ckptd.rpc import rpc_method
 from ckptd.v1 import ckptd_pb2 as pb
 from ckptd.v1 import ckptd_pb2_grpc as pb_grpc
 
 from .node import AgentNode
 from .output import LogFollower
-from .runtime import RUNNING_STATES, JobRuntime
+from .runtime import JobRuntime
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,7 @@ class AgentService(pb_grpc.AgentServicer):
                 return False
             if not request.follow:
                 return False
-            return job.state in RUNNING_STATES and (request.across_restarts or job.generation == generation)
+            return job.state in LIVE and (request.across_restarts or job.generation == generation)
 
         for chunk in follower.follow(running):
             yield pb.OutputChunk(stream=chunk.stream, data=chunk.data, offset=chunk.offset)

@@ -24,6 +24,7 @@ from pathlib import Path
 from ckptd.auth import DEFAULT_ADMINS, Policy
 from ckptd.errors import EXIT_CODES, CkptdError, Code
 from ckptd.image import seal
+from ckptd.jobstate import JobState
 from ckptd.paths import Home, default_node, private_umask
 from ckptd.rpc import bind, make_server, reachable, use_tls
 from ckptd.tls import TlsFiles, subject_of
@@ -131,7 +132,6 @@ def run_local(home: Home, idle_exit_s: float) -> None:
     """Coordinator and this node's agent in one process, on Unix sockets."""
     from ckptd.agent.node import AgentNode
     from ckptd.agent.server import AgentService
-    from ckptd.coordinator.jobs import RUNNING
     from ckptd.coordinator.server import Coordinator, CoordinatorService
 
     home.ensure()
@@ -156,7 +156,7 @@ def run_local(home: Home, idle_exit_s: float) -> None:
     def idle_watch() -> None:
         idle_since = time.monotonic()
         while not stop.wait(5.0):
-            busy = any(r.status.state in RUNNING for r in coordinator.registry.all())
+            busy = any(JobState.of(r.status.state).live for r in coordinator.registry.all())
             if busy:
                 idle_since = time.monotonic()
             elif idle_exit_s > 0 and time.monotonic() - idle_since > idle_exit_s:

@@ -41,6 +41,7 @@ from typing import Any
 from ckptd.errors import CkptdError, Code
 from ckptd.image.checksum import ALGORITHM, hash_file
 from ckptd.image.manifest import write_manifest
+from ckptd.jobstate import JobState
 from ckptd.rpc import call
 from ckptd.v1 import ckptd_pb2 as pb
 from ckptd.v1 import ckptd_pb2_grpc as pb_grpc
@@ -135,10 +136,11 @@ class CheckpointRound:
         stubs = {t: self.nodes.live_stub(t.node, job) for t in targets}
         states = self._on_all(stubs, "GetJob", lambda t: pb.AgentJobRequest(job=t.name), 10)
         for t, status in states.items():
-            if status.state != "running":
+            if status.state != JobState.RUNNING.pb:
                 where = f" ({t.label})" if record.ranks else ""
                 raise CkptdError(
-                    Code.FAILED_PRECONDITION, f"job {job}{where} is {status.state}, not running; nothing to checkpoint"
+                    Code.FAILED_PRECONDITION,
+                    f"job {job}{where} is {JobState.of(status.state)}, not running; nothing to checkpoint",
                 )
 
         t0 = time.monotonic()

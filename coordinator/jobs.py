@@ -20,6 +20,7 @@ from ckptd.agent.runtime import spec_from_json, spec_to_json
 
 from ckptd import limits
 from ckptd.errors import CkptdError, Code
+from ckptd.jobstate import ENDED, JobState
 from ckptd.paths import JobDir
 from ckptd.v1 import ckptd_pb2 as pb
 
@@ -27,8 +28,6 @@ from .ranks import RankRecord, Target, aggregate, split_agent_job_name
 
 log = logging.getLogger(__name__)
 
-TERMINAL = ("exited", "killed", "stopped")
-RUNNING = ("starting", "running", "checkpointing", "restoring")
 _ADJECTIVES = (
     "amber",
     "brisk",
@@ -142,14 +141,15 @@ class JobRegistry:
                 continue
             status = pb.JobStatus(name=spec.name, node=data.get("node", ""), spec=spec)
             last = data.get("last", {})
-            if last.get("state") in TERMINAL:
-                status.state = last["state"]
+            ended = next((s for s in ENDED if s.value == last.get("state")), None)
+            if ended is not None:
+                status.state = ended.pb
                 status.message = last.get("message", "")
                 status.has_exit = True
                 status.exit_code = int(last.get("exit_code", 0))
                 status.exit_signal = int(last.get("exit_signal", 0))
             else:
-                status.state = "lost"
+                status.state = JobState.LOST.pb
                 status.message = (
                     f"not running: its node or ckptd restarted; `ckptctl restart {spec.name}` "
                     "resumes it from its last checkpoint"
@@ -162,9 +162,9 @@ class JobRegistry:
 
     def save(self, record: JobRecord) -> None:
         last = {}
-        if record.status.state in TERMINAL:
+        if JobState.of(record.status.state).ended:
             last = {
-                "state": record.status.state,
+                "state": JobState.of(record.status.state).value,
                 "message": record.status.message,
                 "exit_code": record.status.exit_code,
                 "exit_signal": record.status.exit_signal,
@@ -187,12 +187,12 @@ class JobRegistry:
             record = JobRecord(
                 spec=spec,
                 node=node,
-                status=pb.JobStatus(name=spec.name, state="starting", node=node, spec=spec),
+                status=pb.JobStatus(name=spec.name, state=JobState.STARTING.pb, node=node, spec=spec),
                 ranks=ranks or [],
                 vip_slot=vip_slot,
             )
             for r in record.ranks:
-                r.status = pb.JobStatus(name=f"{spec.name}@{r.rank}", state="starting", node=r.node)
+                r.status = pb.JobStatus(name=f"{spec.name}@{r.rank}", state=JobState.STARTING.pb, node=r.node)
             self.jobs[spec.name] = record
             self.save(record)
             return record
@@ -228,7 +228,7 @@ class JobRegistry:
             if name.isdigit():
                 pid = int(name)
                 for r in self.jobs.values():
-                    if pid in r.status.pids and r.status.state in RUNNING:
+                    if pid in r.status.pids and JobState.of(r.status.state).live:
                         return r
                 raise CkptdError(
                     Code.NOT_FOUND,
@@ -244,7 +244,7 @@ class JobRegistry:
     def update(self, record: JobRecord, status: pb.JobStatus, node: str, rank: RankRecord | None = None) -> None:
         """An agent's report of the job's (or one rank's) state."""
         with self.lock:
-            was_terminal = record.status.state in TERMINAL
+            was_terminal = JobState.of(record.status.state).ended
             if rank is not None:
                 rank.status = status
                 rank.node = node
@@ -252,7 +252,7 @@ class JobRegistry:
                 node = record.ranks[0].node
             record.status = status
             record.node = node
-            if status.state in TERMINAL or was_terminal:
+            if JobState.of(status.state).ended or was_terminal:
                 self.save(record)
             self.changed.notify_all()
 

@@ -7,12 +7,12 @@ import time
 from dataclasses import dataclass, field
 
 from ckptd.errors import CkptdError, Code
+from ckptd.jobstate import FINAL, JobState
 from ckptd.rpc import agent_stub, call
 from ckptd.v1 import ckptd_pb2 as pb
 from ckptd.v1 import ckptd_pb2_grpc as pb_grpc
 
 HEARTBEAT_S = 2.0
-FINAL = ("exited", "killed", "stopped", "failed")  # what an incarnation cannot leave
 DEAD_AFTER_S = 3 * HEARTBEAT_S
 
 
@@ -101,18 +101,18 @@ class NodeRegistry:
     def rank_status(self, name: str, node_name: str, last: pb.JobStatus) -> pb.JobStatus:
         """A rank's state now: its last report if that was final, else what its
         agent says; "lost" when the node does not answer or no longer has it."""
-        if last.state in FINAL:
+        if JobState.of(last.state) in FINAL:
             return last
         try:
             node = self.get(node_name)
         except CkptdError:
             node = None
         if node is None or not node.alive or node.stub is None:
-            return pb.JobStatus(name=name, state="lost", message=f"node {node_name} is not answering")
+            return pb.JobStatus(name=name, state=JobState.LOST.pb, message=f"node {node_name} is not answering")
         try:
             return call(node.stub.GetJob, pb.AgentJobRequest(job=name), 10, f"agent on {node_name}")
         except CkptdError as e:
             if e.code in (Code.NOT_FOUND, Code.UNAVAILABLE, Code.DEADLINE_EXCEEDED):
                 # an agent that does not answer is as good as dead (its heartbeats stop soon after)
-                return pb.JobStatus(name=name, state="lost", message=f"node {node_name}: {e.message}")
+                return pb.JobStatus(name=name, state=JobState.LOST.pb, message=f"node {node_name}: {e.message}")
             raise

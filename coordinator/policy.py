@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ckptd.errors import CkptdError
+from ckptd.jobstate import RESTARTABLE, JobState
 from ckptd.v1 import ckptd_pb2 as pb
 
 from .jobs import JobRecord, JobRegistry
@@ -39,7 +40,7 @@ class IntervalScheduler:
             now = time.monotonic()
             for record in self.registry.all():
                 interval = record.spec.interval_s
-                if interval <= 0 or record.status.state != "running":
+                if interval <= 0 or record.status.state != JobState.RUNNING.pb:
                     continue
                 if not record.last_checkpoint_at:
                     record.last_checkpoint_at = now  # first one an interval after launch
@@ -102,9 +103,10 @@ class AutoRestarter:
 
     def _check(self, record: JobRecord) -> None:
         status = self.c.status(record)
-        if status.state not in ("failed", "lost") or not status.checkpoints:
+        state = JobState.of(status.state)
+        if state not in RESTARTABLE or not status.checkpoints:
             return
-        if status.state == "lost" and time.monotonic() - self._started < STARTUP_GRACE_S:
+        if state is JobState.LOST and time.monotonic() - self._started < STARTUP_GRACE_S:
             return  # a coordinator that just started has not heard from the agents yet
         record.last_auto_restart = time.monotonic()
         log.info("auto-restart: job %s is %s (%s); restarting from its last checkpoint", record.name,

@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from ckptd.errors import CkptdError, Code
+from ckptd.jobstate import ENDED, JobState
 from ckptd.v1 import ckptd_pb2 as pb
 
 VIP_PREFIX = "10.213"
 MAX_RANKS = 250
 MAX_SLOTS = 255
-RUNNING = ("starting", "running", "checkpointing", "restoring")
 
 
 @dataclass
@@ -165,14 +165,14 @@ def apply_placement(
 def aggregate(job: str, ranks: list[RankRecord]) -> pb.JobStatus:
     """One state for the whole job from its ranks' states."""
     st = pb.JobStatus(name=job)
-    states = [r.status.state or "lost" for r in ranks]
+    states = [JobState.of(r.status.state) for r in ranks]
     for r in ranks:
         st.ranks.append(
             pb.RankStatus(
                 rank=r.rank,
                 node=r.node,
                 vip=r.vip,
-                state=r.status.state or "lost",
+                state=JobState.of(r.status.state).pb,
                 message=r.status.message,
                 pids=list(r.status.pids),
             )
@@ -186,40 +186,40 @@ def aggregate(job: str, ranks: list[RankRecord]) -> pb.JobStatus:
     st.generation = max((r.status.generation for r in ranks), default=0)
     st.node = ranks[0].node if ranks else ""
 
-    def first(state: str) -> RankRecord:
-        return next(r for r in ranks if (r.status.state or "lost") == state)
+    def first(state: JobState) -> RankRecord:
+        return next(r for r, s in zip(ranks, states, strict=True) if s is state)
 
-    if all(s == "exited" for s in states):
-        st.state = "exited"
+    if all(s is JobState.EXITED for s in states):
+        st.state = JobState.EXITED.pb
         failed = [r for r in ranks if r.status.exit_code or r.status.exit_signal]
         last = failed[0] if failed else ranks[0]
         st.has_exit, st.exit_code, st.exit_signal = True, last.status.exit_code, last.status.exit_signal
         st.message = last.status.message
-    elif all(s == "stopped" for s in states):
-        st.state, st.message = "stopped", ranks[0].status.message
-    elif all(s in ("killed", "exited", "stopped") for s in states):
-        st.state, st.message = "killed", "killed by `ckptctl kill`"
-    elif "lost" in states:
-        r = first("lost")
-        st.state = "lost"
+    elif all(s is JobState.STOPPED for s in states):
+        st.state, st.message = JobState.STOPPED.pb, ranks[0].status.message
+    elif all(s in ENDED for s in states):
+        st.state, st.message = JobState.KILLED.pb, "killed by `ckptctl kill`"
+    elif JobState.LOST in states:
+        r = first(JobState.LOST)
+        st.state = JobState.LOST.pb
         st.message = f"rank {r.rank} on node {r.node}: {r.status.message or 'not answering'}"
-    elif "failed" in states:
-        r = first("failed")
-        st.state = "failed"
+    elif JobState.FAILED in states:
+        r = first(JobState.FAILED)
+        st.state = JobState.FAILED.pb
         st.message = f"rank {r.rank} on node {r.node}: {r.status.message}"
-    elif any(s in ("exited", "killed", "stopped") for s in states):
+    elif any(s in ENDED for s in states):
         # some ranks ended and others did not: the job cannot go on as it is
-        r = next(r for r in ranks if r.status.state in ("exited", "killed", "stopped"))
-        if all(s in RUNNING for s in states if s not in ("exited",)) and r.status.state == "exited":
-            st.state = "running"  # ranks finishing one after another
+        r, ended = next((r, s) for r, s in zip(ranks, states, strict=True) if s in ENDED)
+        if all(s.live for s in states if s is not JobState.EXITED) and ended is JobState.EXITED:
+            st.state = JobState.RUNNING.pb  # ranks finishing one after another
             st.message = f"rank {r.rank} exited; waiting for the others"
         else:
-            st.state = "failed"
-            st.message = f"rank {r.rank} on node {r.node} is {r.status.state}: {r.status.message}"
+            st.state = JobState.FAILED.pb
+            st.message = f"rank {r.rank} on node {r.node} is {ended}: {r.status.message}"
     else:
-        for state in ("restoring", "checkpointing", "starting", "running"):
+        for state in (JobState.RESTORING, JobState.CHECKPOINTING, JobState.STARTING, JobState.RUNNING):
             if state in states:
-                st.state = state
+                st.state = state.pb
                 break
         st.message = next((r.status.message for r in ranks if r.status.message), "")
     return st

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ckptd.errors import CkptdError, Code
 from ckptd.image.manifest import load_manifest
+from ckptd.jobstate import JobState
 from ckptd.rpc import call
 from ckptd.v1 import ckptd_pb2 as pb
 
@@ -16,7 +17,7 @@ from .barrier import LONG_RPC_S
 from .catalog import Catalog
 from .jobs import JobRecord, JobRegistry
 from .nodes import Node, NodeRegistry
-from .ranks import RUNNING, RankRecord, agent_job_name, aggregate, apply_placement, on_every_rank, rank_spec
+from .ranks import RankRecord, agent_job_name, aggregate, apply_placement, on_every_rank, rank_spec
 from .tiering import TransferBoard, fetch_chain
 
 log = logging.getLogger(__name__)
@@ -77,7 +78,7 @@ def _stop_if_alive(record: JobRecord, nodes: NodeRegistry, force: bool) -> None:
         if e.code is Code.NOT_FOUND:
             return
         raise
-    if status.state not in ("starting", "running", "checkpointing", "restoring"):
+    if not JobState.of(status.state).live:
         return
     if not force:
         pids = " ".join(str(p) for p in status.pids)
@@ -171,11 +172,11 @@ def _stop_ranks(record: JobRecord, nodes: NodeRegistry, force: bool) -> set[str]
     live = {r.rank: nodes.rank_status(agent_job_name(record.name, r.rank), r.node, r.status) for r in record.ranks}
     view = [RankRecord(r.rank, r.node, r.vip, live[r.rank]) for r in record.ranks]
     job = aggregate(record.name, view)
-    unreachable = {r.node for r in view if r.status.state == "lost" and r.status.message}
-    running = [r for r in view if r.status.state in RUNNING]
+    unreachable = {r.node for r in view if r.status.state == JobState.LOST.pb and r.status.message}
+    running = [r for r in view if JobState.of(r.status.state).live]
     if not running:
         return unreachable
-    if job.state in RUNNING and not force:
+    if JobState.of(job.state).live and not force:
         where = ", ".join(f"rank {r.rank} on {r.node}" for r in running)
         raise CkptdError(
             Code.FAILED_PRECONDITION,
@@ -221,7 +222,10 @@ def _restart_ranks(
     where = apply_placement(record.ranks, placement, live, busy)
     ranks = [
         RankRecord(
-            r.rank, where[r.rank], r.vip, pb.JobStatus(name=agent_job_name(record.name, r.rank), state="restoring")
+            r.rank,
+            where[r.rank],
+            r.vip,
+            pb.JobStatus(name=agent_job_name(record.name, r.rank), state=JobState.RESTORING.pb),
         )
         for r in record.ranks
     ]

@@ -16,6 +16,7 @@ import grpc
 from ckptd.auth import Identity, Policy, Role
 from ckptd.errors import CkptdError, Code
 from ckptd.image.transfer import CODECS
+from ckptd.jobstate import RESTARTABLE, JobState
 from ckptd.paths import Home
 from ckptd.rpc import call, rpc_method
 from ckptd.v1 import ckptd_pb2 as pb
@@ -24,8 +25,6 @@ from ckptd.v1 import ckptd_pb2_grpc as pb_grpc
 from .barrier import CheckpointRound
 from .catalog import Catalog
 from .jobs import (
-    RUNNING,
-    TERMINAL,
     JobRecord,
     JobRegistry,
     check_checkpoint_timeout,
@@ -141,7 +140,7 @@ class Coordinator:
             st.operation = record.status.operation
             if not st.operation:
                 st.ClearField("progress")
-            if record.status.state in TERMINAL and st.state not in TERMINAL:
+            if JobState.of(record.status.state).ended and not JobState.of(st.state).ended:
                 st.state, st.message = record.status.state, record.status.message
         return st
 
@@ -166,13 +165,13 @@ class Coordinator:
         st.checkpoints = len(checkpoints)
         if checkpoints:
             st.last_checkpoint.CopyFrom(checkpoints[-1])
-        if st.state in RUNNING:
+        if JobState.of(st.state).live:
             try:
                 node = self.nodes.get(record.node)
             except CkptdError:
                 node = None
             if node is None or not node.alive:
-                st.state = "lost"
+                st.state = JobState.LOST.pb
                 st.message = f"node {record.node} is not answering"
                 st.ClearField("pids")
                 st.ClearField("processes")
@@ -257,7 +256,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             return pb.Empty()  # not ours (or forgotten)
         record, rank = found
         node = rank.node if rank is not None else record.node
-        if node and node != request.node and request.status.state not in RUNNING:
+        if node and node != request.node and not JobState.of(request.status.state).live:
             return pb.Empty()  # stale news from a node the job (or rank) has left
         if rank is not None and node != request.node:
             return pb.Empty()  # a rank the coordinator has placed elsewhere
@@ -396,8 +395,9 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
     def KillJob(self, request: pb.KillJobRequest, context: grpc.ServicerContext) -> pb.JobStatus:
         record, who = self._job(context, request.job)
         status = self.c.status(record)
-        if status.state not in RUNNING and status.state not in ("lost", "failed"):
-            raise CkptdError(Code.FAILED_PRECONDITION, f"job {record.name} is not running ({status.state})")
+        state = JobState.of(status.state)
+        if not state.live and state not in RESTARTABLE:
+            raise CkptdError(Code.FAILED_PRECONDITION, f"job {record.name} is not running ({state})")
         errors = []
         for t in record.targets():
             try:
@@ -443,7 +443,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         while context.is_active():
             status = self.c.status(record)
             changed = (status.state, status.generation) != (request.known_state, request.known_generation)
-            if status.state in TERMINAL or changed:
+            if JobState.of(status.state).ended or changed:
                 return shown(status, who)
             left = deadline - time.monotonic()
             if left <= 0:

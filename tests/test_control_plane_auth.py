@@ -281,7 +281,7 @@ def test_only_a_node_certificate_registers_its_node(tls: TlsCluster) -> None:
         for method, request in (
             (stub.RegisterNode, pb.RegisterNodeRequest(node="n1", address="127.0.0.1:1")),
             (stub.Heartbeat, pb.HeartbeatRequest(node="n1")),
-            (stub.ReportJobEvent, pb.JobEvent(node="n1", status=pb.JobStatus(name="x", state="failed"))),
+            (stub.ReportJobEvent, pb.JobEvent(node="n1", status=pb.JobStatus(name="x", state=pb.JOB_STATE_FAILED))),
         ):
             with pytest.raises(grpc.RpcError) as e:
                 method(request, timeout=10)

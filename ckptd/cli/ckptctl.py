@@ -21,6 +21,7 @@ import grpc
 from ckptd import __version__, limits
 from ckptd.daemon import coordinator_address
 from ckptd.errors import EXIT_FAILED, CkptdError, Code
+from ckptd.jobstate import RESTARTABLE, JobState
 from ckptd.paths import Home
 from ckptd.rpc import agent_stub, call, coordinator_stub
 from ckptd.v1 import ckptd_pb2 as pb
@@ -48,8 +49,12 @@ def _coordinator(start: bool = True) -> pb_grpc.CoordinatorStub:
 
 
 def _status_line(st: pb.JobStatus) -> str:
-    state = st.state
-    if st.has_exit and state in ("exited", "failed", "killed") and (st.exit_code or st.exit_signal or not st.ranks):
+    state = str(JobState.of(st.state))
+    if (
+        st.has_exit
+        and JobState.of(st.state) in (JobState.EXITED, JobState.FAILED, JobState.KILLED)
+        and (st.exit_code or st.exit_signal or not st.ranks)
+    ):
         state += f" ({'signal ' + str(st.exit_signal) if st.exit_signal else 'status ' + str(st.exit_code)})"
     return state
 
@@ -124,8 +129,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     if st.ranks:
         lines.append(f"ranks:      {len(st.ranks)}")
         for r in st.ranks:
-            msg = f"  - {r.message}" if r.message and r.state != "running" else ""
-            lines.append(f"  rank {r.rank:<3} {r.node:<12} {r.vip:<15} {r.state}{msg}")
+            msg = f"  - {r.message}" if r.message and r.state != JobState.RUNNING.pb else ""
+            lines.append(f"  rank {r.rank:<3} {r.node:<12} {r.vip:<15} {JobState.of(r.state)}{msg}")
     if st.processes:
         lines.append("processes:")
         for p in st.processes:
@@ -260,15 +265,16 @@ def cmd_wait(args: argparse.Namespace) -> int:
             job=args.job, timeout_s=min(left, 60.0), known_state=seen.state, known_generation=seen.generation
         )
         st = seen = call(coord.WaitJob, req, min(left, 60.0) + 30, "coordinator")
-        if st.state in ("exited", "killed", "stopped"):
+        state = JobState.of(st.state)
+        if state.ended:
             if args.json:
                 print_json(st)
-            return 128 + 15 if st.state == "stopped" else _job_exit(st)
-        if st.state in ("failed", "lost") and told_failed != st.generation:
+            return 128 + 15 if state is JobState.STOPPED else _job_exit(st)
+        if state in RESTARTABLE and told_failed != st.generation:
             told_failed = st.generation
-            note(f"ckptctl: job {st.name} is {st.state} ({st.message}); waiting for a restart")
+            note(f"ckptctl: job {st.name} is {state} ({st.message}); waiting for a restart")
         if deadline is not None and time.monotonic() >= deadline:
-            note(f"ckptctl: job {args.job} still {st.state} after {args.timeout:.0f} s")
+            note(f"ckptctl: job {args.job} still {JobState.of(st.state)} after {args.timeout:.0f} s")
             return 124
 
 
@@ -282,7 +288,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
         log_path = log_path.parent.parent / f"rank-{args.rank}" / "output.log"
         node = next(r.node for r in st.ranks if r.rank == args.rank)
         name = f"{st.name}@{args.rank}"
-    if not args.follow or st.state not in ("starting", "running", "checkpointing", "restoring"):
+    if not args.follow or not JobState.of(st.state).live:
         return _print_log_file(log_path, args.stream)
     nodes = call(coord.ListNodes, pb.Empty(), 10, "coordinator")
     address = next((n.address for n in nodes.nodes if n.node == node), "")

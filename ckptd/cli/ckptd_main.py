@@ -34,6 +34,7 @@ from ckptd.daemon import (
 )
 from ckptd.errors import EXIT_USAGE, CkptdError, Code
 from ckptd.image import crypt, seal
+from ckptd.jobstate import JobState
 from ckptd.paths import Home, default_node
 from ckptd.rpc import agent_stub, call, coordinator_stub
 from ckptd.tls import TlsFiles
@@ -52,7 +53,7 @@ def current_umask() -> int:
 
 
 def exit_status(status: pb.JobStatus) -> int:
-    if status.state == "stopped":  # preempted after a final checkpoint
+    if status.state == JobState.STOPPED.pb:  # preempted after a final checkpoint
         return 128 + signal.SIGTERM
     if not status.has_exit:
         return 1
@@ -200,13 +201,13 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 
 def _wait_ranks(coord: pb_grpc.CoordinatorStub, job: str, rank0: pb.JobStatus) -> pb.JobStatus:
-    if rank0.state not in ("exited",):
+    if rank0.state != JobState.EXITED.pb:
         return rank0  # killed, failed or stopped: this launch is over
     seen = pb.JobStatus()
     while True:
         req = pb.WaitJobRequest(job=job, timeout_s=60, known_state=seen.state, known_generation=seen.generation)
         st = seen = call(coord.WaitJob, req, 90, "coordinator")
-        if st.state in ("exited", "killed", "stopped", "failed", "lost"):
+        if not JobState.of(st.state).live:
             return st
 
 

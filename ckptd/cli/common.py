@@ -15,6 +15,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from ckptd.errors import EXIT_CODES, EXIT_FAILED, CkptdError, Code
+from ckptd.jobstate import JobState
 from ckptd.v1 import ckptd_pb2 as pb
 
 log = logging.getLogger("ckptd.cli")
@@ -51,7 +52,8 @@ _INT64 = {
 
 
 def _ints(msg: Message, d: dict[str, Any]) -> dict[str, Any]:
-    """proto3 JSON writes 64-bit integers as strings; scripts want numbers."""
+    """proto3 JSON writes 64-bit integers as strings, and a job's state as
+    its enum name; scripts want numbers, and the word the CLI prints."""
     for f in msg.DESCRIPTOR.fields:
         if f.name not in d:
             continue
@@ -61,6 +63,8 @@ def _ints(msg: Message, d: dict[str, Any]) -> dict[str, Any]:
                 d[f.name] = [_ints(m, x) for m, x in zip(value, d[f.name], strict=False)]
             else:
                 d[f.name] = _ints(value, d[f.name])
+        elif f.enum_type is not None and f.enum_type.full_name == "ckptd.v1.JobState":
+            d[f.name] = str(JobState.of(getattr(msg, f.name)))
         elif f.type in _INT64:
             d[f.name] = [int(x) for x in d[f.name]] if isinstance(d[f.name], list) else int(d[f.name])
     return d
