@@ -14,12 +14,22 @@ from pathlib import Path
 from setuptools import setup
 from setuptools.command.build_py import build_py
 
+try:
+    from setuptools.command.bdist_wheel import bdist_wheel
+except ImportError:  # setuptools < 70.1
+    from wheel.bdist_wheel import bdist_wheel  # type: ignore[no-redef]
+
 ROOT = Path(__file__).resolve().parent
 
 
 def build_native() -> None:
     out = ROOT / "ckptd" / "_native"
-    subprocess.run(["make", "-C", str(ROOT / "native"), f"OUT={out}", "all"], check=True)
+    try:
+        subprocess.run(["make", "-C", str(ROOT / "native"), f"OUT={out}", "all"], check=True)
+    except FileNotFoundError:
+        sys.exit("error: building ckptd needs make and a C compiler: apt-get install make gcc libc6-dev binutils")
+    except subprocess.CalledProcessError as e:
+        sys.exit(f"error: building ckptd's native parts failed (make exited {e.returncode}; its error is above)")
     # the Python image reader parses the same header with cffi
     header = ROOT / "native" / "include" / "ckptd" / "image_format.h"
     (out / "image_format.h").write_text(header.read_text())
@@ -46,6 +56,18 @@ def generate_protos() -> None:
         sys.exit(f"protoc failed with status {rc}")
 
 
+class PlatformWheel(bdist_wheel):
+    """The wheel holds native programs for the machine that built it (no
+    Python extension, so any Python 3 will do): py3-none-linux_<arch>."""
+
+    def finalize_options(self) -> None:
+        super().finalize_options()
+        self.root_is_pure = False
+
+    def get_tag(self) -> tuple[str, str, str]:
+        return "py3", "none", super().get_tag()[2]
+
+
 class BuildWithNative(build_py):
     def run(self) -> None:
         if not os.environ.get("CKPTD_SKIP_NATIVE"):
@@ -55,7 +77,7 @@ class BuildWithNative(build_py):
 
 
 setup(
-    cmdclass={"build_py": BuildWithNative},
+    cmdclass={"build_py": BuildWithNative, "bdist_wheel": PlatformWheel},
     packages=["ckptd", "ckptd.v1", "ckptd.cli", "ckptd.image", "ckptd.agent", "ckptd.coordinator"],
     package_dir={
         "ckptd": "ckptd",
