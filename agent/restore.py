@@ -408,6 +408,10 @@ def resume_restored(job: JobRuntime, conns: list[ShimConnection], name: str) -> 
     """Every process is rebuilt and parked: they run again together."""
     for conn in conns:
         conn.request("RESUME", timeout=30)
+    inc = job.incarnation
+    if inc is not None and not inc.released:
+        inc.released = True  # after the last RESUME: one agent restart sooner kills them all
+        inc.save()
     # GPU memory comes back once the driver's threads run again (agent/gpu.py)
     cuda = [c.host_pid for c in conns if c.pid in job.restored_cuda]
     if cuda:

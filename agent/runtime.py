@@ -59,6 +59,10 @@ class Incarnation:
     # where its processes write (the restorer's status files): runtime_dir,
     # or a directory of the job's owner (agent/owner.py)
     status_dir: str = ""
+    # a restore's processes were told to RESUME (every image verified, or a
+    # lazy restore's checks run on after it); until then they are parked, and
+    # an agent that re-adopts the incarnation kills it: nothing unverified runs
+    released: bool = True
 
     def save(self) -> None:
         path = Path(self.runtime_dir) / "runtime.json"
@@ -363,6 +367,7 @@ class JobRuntime:
             started=time.time(),
             restored_from=restored_from,
             status_dir=str(shared),
+            released=not restore,
         )
         inc.save()
         with self.cond:
@@ -405,9 +410,19 @@ class JobRuntime:
         if self._init_process() is None:
             self.incarnation = None
             return False
+        threading.Thread(target=self._monitor, args=(inc,), name=f"monitor-{self.name}", daemon=True).start()
+        if not inc.released:
+            # the agent that rebuilt it died before it said RESUME: whether
+            # every image verified is unknown, so its parked processes go
+            self.state = JobState.RESTORING
+            self.failure = (
+                f"its restart from {inc.restored_from} was cut short by an agent restart before every image "
+                f"was verified; `ckptctl restart {self.spec.rank.job or self.name}` starts it again"
+            )
+            self.kill(requested=False)
+            return True
         self.state = JobState.RUNNING
         self.message = "re-adopted after an agent restart"
-        threading.Thread(target=self._monitor, args=(inc,), name=f"monitor-{self.name}", daemon=True).start()
         return True
 
     # ---- ending ----

@@ -26,7 +26,10 @@
  * which closes the process's own copy (native/restorer/lazy.c).  QUIESCE
  * is refused (retry=1) while the fill runs (native/shim/lazy.c).
  * If the connection drops while threads are parked they are released: a
- * job is never left frozen because its agent died.
+ * job is never left frozen because its agent died.  Except a restored
+ * process before its first RESUME: only the agent knows whether its images
+ * verified, so it stays parked and says HELLO restored=1 to the next agent
+ * (which kills it: agent/runtime.py adopt).  Nothing unverified runs.
  */
 #include "shim.h"
 #include "../common/sys.h"
@@ -246,8 +249,9 @@ static void drop_connection(void)
     if (ck_shim.agent_fd >= 0)
         ck_close(ck_shim.agent_fd);
     ck_shim.agent_fd = -1;
-    /* never leave the job frozen without someone to resume it */
-    if (ck_is_parked())
+    /* never leave the job frozen without someone to resume it, unless
+     * nobody has said yet that it may run at all */
+    if (ck_is_parked() && !ck_shim.unverified)
         ck_release();
 }
 
@@ -263,13 +267,15 @@ static void finish_restore(void)
     ck_shim.agent_fd = -1;  /* the old connection did not survive */
     if (ck_restart.agent_socket[0])
         ck_strlcpy(ck_shim.socket_path, ck_restart.agent_socket, sizeof(ck_shim.socket_path));
+    /* Stay parked until an agent says RESUME, however long that takes (the
+     * command loop keeps trying as well): a process never releases itself */
+    ck_shim.unverified = 1;
     for (int attempt = 0; attempt < 100; attempt++) {
         if (connect_agent() == 0 && send_hello(1) == 0)
-            return;  /* stay parked until the agent says RESUME */
+            return;
         drop_connection();
         ck_nanosleep_ms(100);
     }
-    ck_release();  /* no agent: run on rather than stay frozen */
 }
 
 static void handle_dump(char *line)
@@ -376,7 +382,7 @@ static void command_loop(void)
     for (;;) {
         if (ck_shim.agent_fd < 0) {
             /* agent gone (restarted?): keep trying, the job runs meanwhile */
-            if (connect_agent() < 0 || send_hello(0) < 0) {
+            if (connect_agent() < 0 || send_hello(ck_shim.unverified) < 0) {
                 drop_connection();
                 ck_nanosleep_ms(1000);
                 continue;
@@ -398,6 +404,7 @@ static void command_loop(void)
         } else if (ck_startswith(line, "DUMP")) {
             handle_dump(line);
         } else if (ck_startswith(line, "RESUME") || ck_startswith(line, "ABORT")) {
+            ck_shim.unverified = 0;  /* the agent's word */
             if (ck_shim.lazy_fd >= 0) {
                 /* the agent's pager holds it now; closing the last copy
                  * is what ends the registration once it is done */

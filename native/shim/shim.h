@@ -30,6 +30,7 @@ struct ck_shim_state {
     int capture_sync;         /* CKPTD_CAPTURE=sync: write every page during the pause */
     int lazy_fd;              /* restart --lazy: the restorer's userfaultfd until RESUME, or -1 */
     volatile uint32_t lazy_pending;  /* futex: 1 until LAZY_DONE (memory still being filled) */
+    int unverified;           /* restored and parked until an agent's RESUME: never released otherwise */
     char job[128];
     char socket_path[108];
 };
