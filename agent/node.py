@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
 import threading
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,7 @@ class AgentNode:
     def start(self) -> None:
         self.home.agent_dir(self.node).mkdir(parents=True, exist_ok=True)
         self._readopt()
+        self._sweep_relay_sockets()
         self.shim_server.start()
         threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True).start()
         threading.Thread(target=self._event_loop, name="events", daemon=True).start()
@@ -296,6 +298,21 @@ class AgentNode:
                 with self.lock:
                     self.jobs[spec.name] = job
                 log.info("re-adopted job %s (generation %d)", spec.name, inc.generation)
+
+    def _sweep_relay_sockets(self) -> None:
+        """A relay killed with its machine (or kill -9) leaves its control
+        socket behind in the runtime directory: one nobody listens on goes."""
+        for path in self.home.run_dir.glob("init-*.sock"):
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.settimeout(1)
+                try:
+                    s.connect(str(path))
+                except ConnectionRefusedError:
+                    with contextlib.suppress(OSError):
+                        path.unlink()
+                        log.info("removed %s: its relay is gone", path.name)
+                except OSError:
+                    pass
 
     def get(self, name: str) -> JobRuntime:
         with self.lock:

@@ -237,3 +237,21 @@ def test_environment_only_when_asked(ckptd: Ckptd, counter: Path) -> None:
     for f in (c.home / "jobs" / "envjob.json", ckpt.parent / "job.json", ckpt / "manifest.json"):
         assert secret in f.read_text(), f
         assert stat.S_IMODE(f.stat().st_mode) == 0o600, f
+
+
+def test_relay_sockets_of_a_crashed_machine_are_swept(ckptd: Ckptd, counter: Path) -> None:
+    """Relays killed with their machine leave their control sockets in the
+    runtime directory; the next daemon removes those nobody listens on, and
+    keeps a live job's."""
+    run_dir = Home(ckptd.home).run_dir
+    ckptd.launch("gone", [PYTHON, str(counter), "1000"])
+    ckptd.wait_log("gone", r"^tick 3$")
+    ckptd.crash_node("gone")
+    stale = sorted(run_dir.glob("init-*.sock"))
+    assert stale, sorted(p.name for p in run_dir.iterdir())
+    ckptd.launch("live", [PYTHON, str(counter), "1000"])  # a new daemon
+    ckptd.wait_log("live", r"^tick 3$")
+    left = sorted(run_dir.glob("init-*.sock"))
+    assert not set(stale) & set(left), left
+    assert len(left) == 1  # the live job's relay still answers on its own
+    ckptd.ctl("kill", "live")

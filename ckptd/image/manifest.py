@@ -27,7 +27,7 @@ import xxhash
 
 from ckptd.errors import CkptdError, Code
 from ckptd.image import seal
-from ckptd.image.checksum import ALGORITHM, hash_file
+from ckptd.image.checksum import ALGORITHM, fsync_path, hash_file
 from ckptd.nofollow import create_file
 
 SCHEMA = "ckptd.checkpoint/1"
@@ -48,12 +48,13 @@ def _digest(manifest: dict[str, Any]) -> str:
 
 def write_manifest(directory: Path, manifest: dict[str, Any], key: bytes | None = None) -> None:
     """Sealed with key (default: the daemon's, seal.key()); a new file, 0600,
-    never through a symlink."""
+    never through a symlink, durable with its directory entry."""
     manifest = {k: v for k, v in manifest.items() if k not in ("digest", MAC)}
     manifest["schema"] = SCHEMA
     manifest[MAC] = seal.mac(key if key is not None else seal.key(), _canonical(manifest))
     manifest["digest"] = _digest(manifest)
     create_file(directory / MANIFEST, (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
+    fsync_path(directory)  # its name too, before the commit's rename makes the directory count
 
 
 def load_manifest(directory: Path, key: bytes | None = None, *, authenticate: bool = True) -> dict[str, Any]:
