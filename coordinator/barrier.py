@@ -57,9 +57,12 @@ PROTOCOL_VERSION = 2
 DEFAULT_QUIESCE_TIMEOUT_S = 10.0
 LONG_RPC_S = 6 * 3600.0
 # a round that failed on a passing state (descriptors in flight between two
-# processes, a process that forks faster than it can be parked) is aborted,
-# the job runs on for a moment, and the round starts again
+# processes, a connection not yet accepted, a process that forks faster than
+# it can be parked) is aborted, the job runs on for a moment, and the round
+# starts again: after these delays, then once a second, for as long as the
+# checkpoint's quiesce timeout (at least RETRY_FOR_S) allows
 RETRY_DELAYS_S = (0.2, 0.5, 1.0)
+RETRY_FOR_S = 10.0
 # an incremental checkpoint builds on the newest committed one; a full one
 # starts a new chain at least this often, so that a restore never reads
 # more than this many checkpoints (JobSpec.full_every overrides it)
@@ -92,18 +95,21 @@ class CheckpointRound:
                 f"a checkpoint or restart of job {record.name} is already in progress; retry when it is done",
             )
         try:
-            for attempt, delay in enumerate((*RETRY_DELAYS_S, None), start=1):
+            until = time.monotonic() + max(self.timeout_s, RETRY_FOR_S)
+            attempt = 0
+            while True:
+                attempt += 1
                 try:
                     return self._run()
                 except CkptdError as e:
                     if e.code is not Code.ABORTED:
                         raise
-                    if delay is None:
+                    delay = RETRY_DELAYS_S[min(attempt, len(RETRY_DELAYS_S)) - 1]
+                    if time.monotonic() + delay > until:
                         raise CkptdError(e.code, f"{e.message} (tried {attempt} times)") from None
                     log.info("job %s: round aborted on a passing state, trying again: %s", record.name, e.message)
                     self.set_operation(f"checkpoint: trying again ({e.message})")
                     time.sleep(delay)
-            raise AssertionError("unreachable")
         finally:
             record.in_flight = None
             self.set_operation("")

@@ -188,7 +188,8 @@ def test_descriptors_in_flight_retry_then_refuse(ckptd: Ckptd, tmp_path: Path) -
     c.wait_log("scm", r"^sent$")
     failed = c.ctl("checkpoint", "scm", check=False)
     assert failed.returncode == 4, failed.stderr
-    assert "file descriptors in flight" in failed.stderr and "tried 4 times" in failed.stderr, failed.stderr
+    assert "file descriptors in flight" in failed.stderr, failed.stderr
+    assert re.search(r"tried ([5-9]|\d\d+) times", failed.stderr), failed.stderr  # for 10 s, not 4 tries
     assert c.ctl_json("list", "scm") == []
     assert c.status("scm")["state"] == "running"
 
