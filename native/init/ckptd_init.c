@@ -358,8 +358,18 @@ struct relay {
 static void relay_chunk(struct relay *r, int stream, const char *buf, size_t n)
 {
     struct index_record rec = {r->log_size, (uint32_t)n, (uint32_t)stream};
-    if (write_all(r->log_fd, buf, n) < 0 || write_all(r->index_fd, &rec, sizeof(rec)) < 0)
-        return;  /* disk full: output is lost, the job goes on */
+    if (write_all(r->log_fd, buf, n) < 0 || write_all(r->index_fd, &rec, sizeof(rec)) < 0) {
+        /* disk full: this chunk is lost, the job goes on, and the log and its
+         * index stay one another's image: a part written before the error
+         * is cut off again (both are O_APPEND: the next chunk goes there) */
+        struct stat st;
+        if (ftruncate(r->log_fd, (off_t)r->log_size) < 0 && fstat(r->log_fd, &st) == 0)
+            r->log_size = (uint64_t)st.st_size;  /* not cut: the next record starts past it */
+        if (ftruncate(r->index_fd, (off_t)r->index_size) < 0) {
+            /* shrinking a file needs no space: nothing else to do */
+        }
+        return;
+    }
     r->log_size += n;
     r->index_size += sizeof(rec);
 }
