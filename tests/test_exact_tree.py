@@ -1,0 +1,41 @@
+"""Exact or refused (issue 18): process trees.  Orphans, the sessions and
+process groups whose leader has exited, double-forked daemons come back
+with their pids, parents, groups and sessions (tests/workloads/tree_shapes.c
+checks them from inside at every step)."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import Ckptd, compile_workload, exact_round_trip
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return compile_workload(tmp_path_factory, "tree_shapes")
+
+
+def shape_round_trip(c: Ckptd, exe: str, shape: str, nprocs: int, lost: int) -> None:
+    out = exact_round_trip(c, shape, [exe, shape, "30"])
+    assert out.startswith(f"shape {shape}: {nprocs} processes, {lost} exited leaders\n"), out[:200]
+
+
+def test_orphan_in_its_own_session(ckptd: Ckptd, shapes: str) -> None:
+    """sh -c '(setsid sleep 1000 &); exec sleep 1000': the orphan is forked
+    by pid 2 with CLONE_PARENT (clone3 wants exit_signal 0 with it)."""
+    shape_round_trip(ckptd, shapes, "setsid", 2, 0)
+
+
+def test_orphan_leading_a_process_group(ckptd: Ckptd, shapes: str) -> None:
+    shape_round_trip(ckptd, shapes, "pgleader", 3, 0)
+
+
+def test_orphans_in_a_session_whose_leader_exited(ckptd: Ckptd, shapes: str) -> None:
+    shape_round_trip(ckptd, shapes, "lostsession", 4, 1)
+
+
+def test_orphans_in_a_process_group_whose_leader_exited(ckptd: Ckptd, shapes: str) -> None:
+    shape_round_trip(ckptd, shapes, "lostgroup", 3, 1)
+
+
+def test_double_forked_daemon(ckptd: Ckptd, shapes: str) -> None:
+    shape_round_trip(ckptd, shapes, "daemon", 2, 1)
