@@ -39,3 +39,10 @@ def test_orphans_in_a_process_group_whose_leader_exited(ckptd: Ckptd, shapes: st
 
 def test_double_forked_daemon(ckptd: Ckptd, shapes: str) -> None:
     shape_round_trip(ckptd, shapes, "daemon", 2, 1)
+
+
+def test_proc_of_own_grandchild_kept_open(ckptd: Ckptd, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """/proc/PID/status of the job's own grandchild (a pid no host process has):
+    the restart neither checks nor opens the host's /proc/PID; the file is
+    reopened in the job's pid namespace once the whole tree exists."""
+    exact_round_trip(ckptd, "procchild", [compile_workload(tmp_path_factory, "proc_child"), "30"])
