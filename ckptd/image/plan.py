@@ -216,6 +216,17 @@ def _data_of(p: ProcessImage, fd: Any) -> _Data | None:
     return _in_blob(p, int(fd.data_off), int(fd.data_len))
 
 
+def _kernel_specials() -> set[str]:
+    """The vdso mappings every process gets from this kernel (this one's own):
+    [vdso] and [vvar] where it has them ([vvar_vclock] is newer, left out)."""
+    try:
+        with open("/proc/self/maps") as f:
+            names = {line.split()[-1] for line in f if line.rstrip().endswith("]")}
+    except OSError:
+        return set()
+    return names & {"[vdso]", "[vvar]"}
+
+
 def _shm_name(path: str) -> str:
     name = path.removesuffix(" (deleted)")
     name = name.removeprefix("/memfd:")
@@ -374,6 +385,22 @@ class _Planner:
             if n.pgid != n.pid and nodes[n.pgid].sid != n.sid:
                 raise PlanError(
                     f"{n.label} is in process group {n.pgid} of another session; such a group cannot be rebuilt"
+                )
+
+    def check_processes(self) -> None:
+        """What each process holds that the restorer cannot give back."""
+        here = _kernel_specials()
+        for p in self.procs:
+            has = {
+                "[vdso]" if v.flags & constant("CK_VMA_VDSO") else p.core.string(v.path)
+                for v in p.core.records["vmas"]
+                if v.flags & (constant("CK_VMA_VDSO") | constant("CK_VMA_VVAR"))
+            }
+            missing = sorted(here - has)
+            if missing:
+                raise PlanError(
+                    f"{p.label()} has unmapped its {' and '.join(missing)}: ckptd cannot restore a process "
+                    "without the kernel's vdso"
                 )
 
     # ---- writing ----
@@ -612,6 +639,7 @@ def build_plan(
     planner.other_ranks = {endpoint(ip_sockaddr(a))[0] for a in other_ranks}
     planner.gather()
     planner.check_tree()
+    planner.check_processes()
     return "\n".join(planner.lines()) + "\n"
 
 
