@@ -45,6 +45,11 @@ def test_orphans_in_a_process_group_whose_leader_exited(ckptd: Ckptd, shapes: st
     shape_round_trip(ckptd, shapes, "lostgroup", 3, 1)
 
 
+def test_orphan_in_the_session_of_an_orphan(ckptd: Ckptd, shapes: str) -> None:
+    """The orphan leading the session forks the other (CLONE_PARENT too)."""
+    shape_round_trip(ckptd, shapes, "nested", 3, 0)
+
+
 def test_double_forked_daemon(ckptd: Ckptd, shapes: str) -> None:
     shape_round_trip(ckptd, shapes, "daemon", 2, 1)
 

@@ -15,6 +15,8 @@
  *               group) in a session whose leader has exited
  *   lostgroup   an orphan (with a child) in a process group whose leader
  *               has exited, in the main process's session
+ *   nested      an orphan leading its own session, and an orphan in that
+ *               session (its parent, the leader's child, exited)
  *   daemon      a double-forked daemon: fork, exit, setsid, fork, exit
  *
  * Each long-lived process reports its pid once the process it waits to see
@@ -97,7 +99,7 @@ static int make(const char *shape)
     pid_t a = fork_or_die();
     if (a > 0) {
         waitpid(a, 0, 0);
-        return !strcmp(shape, "setsid") || !strcmp(shape, "daemon") ? 1 : !strcmp(shape, "lostsession") ? 3 : 2;
+        return !strcmp(shape, "setsid") || !strcmp(shape, "daemon") ? 1 : !strcmp(shape, "lostsession") ? 3 : 2;  /* nested: 2 */
     }
     /* in the intermediate process A, which exits once its descendants are made */
     pid_t self = getpid();
@@ -133,6 +135,20 @@ static int make(const char *shape)
             if (fork_or_die() == 0)
                 live(0);
             live(self);
+        }
+    } else if (!strcmp(shape, "nested")) {
+        if (fork_or_die() == 0) {
+            while (getppid() == self)
+                step_sleep_ms(5);
+            setsid();
+            if (fork_or_die() == 0) {
+                pid_t c = getpid();
+                if (fork_or_die() == 0)
+                    live(c);
+                step_sleep_ms(20);
+                _exit(0);
+            }
+            live(0);
         }
     } else if (!strcmp(shape, "daemon")) {
         if (fork_or_die() == 0) {
