@@ -48,6 +48,7 @@ from ckptd.v1 import ckptd_pb2 as pb
 
 from .gpu import DeviceMemory, cuda_pids
 from .owner import Owner, check_owned_tree, give_dir, open_to_owner
+from .process_state import stopped, why_not_saveable
 from .progress import Transfer, Transfers, resident_anon
 from .runtime import JobRuntime, exe_of, ns_pid
 from .shim_link import ShimConnection, ShimError
@@ -154,6 +155,13 @@ def _bytes_under(directory: Path) -> int:
     return total
 
 
+def _cannot_save(job: JobRuntime, pid: int, why: str) -> CkptdError:
+    exe = exe_of(pid) or "?"
+    return CkptdError(
+        Code.FAILED_PRECONDITION, f"process {pid} (pid {ns_pid(pid)} in the job, {exe}) of job {job.name} {why}"
+    )
+
+
 class Checkpointer:
     def __init__(self, identities: IdentityCache, transfers: Transfers) -> None:
         self.identities = identities
@@ -181,6 +189,9 @@ class Checkpointer:
             if not pids and not known and job.alive() and time.monotonic() < deadline:
                 time.sleep(0.05)  # just launched: its first process is still being made
                 continue
+            for pid in pids:  # it would never answer: refused at once
+                if why := stopped(pid):
+                    raise _cannot_save(job, pid, why)
             with job.cond:
                 missing = [p for p in pids if p not in job.shims]
                 conns = [job.shims[p] for p in pids if p in job.shims]
@@ -190,11 +201,14 @@ class Checkpointer:
                 break
             time.sleep(0.05)
         pid = missing[0]
-        exe = exe_of(pid) or "?"
-        raise CkptdError(
-            Code.FAILED_PRECONDITION,
-            f"process {pid} (pid {ns_pid(pid)} in the job, {exe}) of job {job.name} is not running under the "
-            "ckptd shim (a static or setuid program, or LD_PRELOAD removed); it cannot be checkpointed",
+        everyone = job.live_pids()
+        why = why_not_saveable(pid, everyone, {p: ns_pid(p) for p in everyone})
+        raise _cannot_save(
+            job,
+            pid,
+            why
+            or "is not running under the ckptd shim (a static or setuid program, or LD_PRELOAD removed); "
+            "it cannot be checkpointed",
         )
 
     @staticmethod

@@ -69,6 +69,14 @@ def to_python(value: Any) -> Any:
     return value
 
 
+def _in_jobs_proc(path: str) -> bool:
+    """A path under the job's own /proc (ckptd-init mounts one for the job's
+    pid namespace): /proc/7/status is the job's pid 7, never the host's, so
+    nothing to compare with the host's files; the restorer reopens it once
+    the whole tree exists (native/restorer/plan.c)."""
+    return path == "/proc" or path.startswith("/proc/")
+
+
 @dataclass
 class CoreImage:
     """One process's core.img, parsed."""
@@ -156,6 +164,8 @@ class CoreImage:
             if not v.flags & constant("CK_VMA_FILE"):
                 continue
             path = self.string(v.path)
+            if _in_jobs_proc(path):
+                continue
             entry = out.setdefault(
                 path,
                 {"path": path, "size": v.file_size, "mtime_ns": v.mtime_ns, "executable": False},
@@ -169,7 +179,8 @@ class CoreImage:
         for fd in self.records["fds"]:
             if fd.type == constant("CK_FD_REG") and not fd.flags & constant("CK_FDF_WRITTEN"):
                 path = self.string(fd.path)
-                out[path] = {"path": path, "size": fd.size, "mtime_ns": fd.mtime_ns}
+                if not _in_jobs_proc(path):
+                    out[path] = {"path": path, "size": fd.size, "mtime_ns": fd.mtime_ns}
         return list(out.values())
 
     def written_files(self) -> list[dict[str, Any]]:

@@ -88,6 +88,18 @@ def _hex(data: bytes | str) -> str:
 
 
 @dataclass
+class _Node:
+    """A process of the tree to fork: a live one, a zombie, or a helper."""
+
+    pid: int
+    ppid: int
+    pgid: int
+    sid: int
+    label: str
+    zombie: bool = False
+
+
+@dataclass
 class _Data:
     """Bytes in flight: a range of a saved file."""
 
@@ -204,6 +216,17 @@ def _data_of(p: ProcessImage, fd: Any) -> _Data | None:
     return _in_blob(p, int(fd.data_off), int(fd.data_len))
 
 
+def _kernel_specials() -> set[str]:
+    """The vdso mappings every process gets from this kernel (this one's own):
+    [vdso] and [vvar] where it has them ([vvar_vclock] is newer, left out)."""
+    try:
+        with open("/proc/self/maps") as f:
+            names = {line.split()[-1] for line in f if line.rstrip().endswith("]")}
+    except OSError:
+        return set()
+    return names & {"[vdso]", "[vvar]"}
+
+
 def _shm_name(path: str) -> str:
     name = path.removesuffix(" (deleted)")
     name = name.removeprefix("/memfd:")
@@ -222,6 +245,7 @@ class _Planner:
         self.shm: dict[tuple[int, int], _Shm] = {}
         self.next_slot = 0
         self.slots: dict[tuple[str, int], int] = {}
+        self.helpers: dict[int, _Node] = {}  # the sessions and groups whose leader has exited, by pid
 
     # ---- gathering ----
 
@@ -319,27 +343,65 @@ class _Planner:
     # ---- checks on the tree ----
 
     def check_tree(self) -> None:
-        by_pid = {p.pid: p for p in self.procs}
-        if 2 not in by_pid:
+        """Every process comes back with its pid, parent, session and group.
+        A process forks its children (clone3 set_tid).  An orphan (a child
+        of the job's init) is forked with CLONE_PARENT by a child of init in
+        its session: pid 2, the orphan leading that session, or a helper.
+        A session or group whose leader has exited gets a helper: a process
+        with the leader's pid that makes it, forks its orphans and exits
+        before the job runs (plan.c)."""
+        live = {p.pid: p for p in self.procs}
+        if 2 not in live:
             raise PlanError("the job's first process (pid 2) is not in the checkpoint")
-        for p in self.procs:
-            if p.ppid != 1 and p.ppid not in by_pid:
-                raise PlanError(f"{p.label()} has a parent (pid {p.ppid}) that is not part of the job")
-            parent = by_pid.get(p.ppid if p.ppid != 1 else 2)
-            if p.pid != 2 and parent is not None and p.sid not in (p.pid, parent.sid):
-                raise PlanError(
-                    f"{p.label()} is in session {p.sid}, which its parent left; such a tree cannot be rebuilt"
-                )
-            if p.pgid not in (p.pid, parent.pgid if parent else p.pgid):
-                leader = by_pid.get(p.pgid)
-                if leader is None or leader.sid != p.sid:
-                    raise PlanError(
-                        f"{p.label()} is in process group {p.pgid}, whose leader has exited; "
-                        "such a group cannot be rebuilt"
-                    )
         for z in self.zombies:
-            if z.ppid not in by_pid:
+            if z.ppid not in live:
                 raise PlanError(f"zombie pid {z.pid} has a parent (pid {z.ppid}) that is not part of the job")
+        nodes = {p.pid: _Node(p.pid, p.ppid, p.pgid, p.sid, p.label()) for p in self.procs}
+        nodes.update(
+            {z.pid: _Node(z.pid, z.ppid, z.pgid, z.sid, f"zombie pid {z.pid}", zombie=True) for z in self.zombies}
+        )
+        for n in sorted(nodes.values(), key=lambda n: n.pid):
+            if n.sid and n.sid not in nodes:
+                nodes[n.sid] = self.helpers[n.sid] = _Node(n.sid, 1, n.sid, n.sid, f"session {n.sid}")
+        for n in sorted(nodes.values(), key=lambda n: n.pid):
+            if n.pgid and n.pgid not in nodes:
+                nodes[n.pgid] = self.helpers[n.pgid] = _Node(n.pgid, 1, n.pgid, n.sid, f"process group {n.pgid}")
+        for n in nodes.values():
+            if n.pid == 2 or not n.sid or not n.pgid:
+                continue
+            if n.ppid != 1 and n.ppid not in live:
+                raise PlanError(f"{n.label} has a parent (pid {n.ppid}) that is not part of the job")
+            if n.ppid == 1:
+                spawner = nodes[2 if n.sid == n.pid else n.sid]
+                if spawner.ppid != 1 or spawner.zombie:
+                    raise PlanError(
+                        f"{n.label} was orphaned in session {n.sid}, whose leader (pid {n.sid}) is not a child "
+                        "of the job's init; such a tree cannot be rebuilt"
+                    )
+            elif n.sid not in (n.pid, nodes[n.ppid].sid):
+                raise PlanError(
+                    f"{n.label} is in session {n.sid}, which its parent left; such a tree cannot be rebuilt"
+                )
+            if n.pgid != n.pid and nodes[n.pgid].sid != n.sid:
+                raise PlanError(
+                    f"{n.label} is in process group {n.pgid} of another session; such a group cannot be rebuilt"
+                )
+
+    def check_processes(self) -> None:
+        """What each process holds that the restorer cannot give back."""
+        here = _kernel_specials()
+        for p in self.procs:
+            has = {
+                "[vdso]" if v.flags & constant("CK_VMA_VDSO") else p.core.string(v.path)
+                for v in p.core.records["vmas"]
+                if v.flags & (constant("CK_VMA_VDSO") | constant("CK_VMA_VVAR"))
+            }
+            missing = sorted(here - has)
+            if missing:
+                raise PlanError(
+                    f"{p.label()} has unmapped its {' and '.join(missing)}: ckptd cannot restore a process "
+                    "without the kernel's vdso"
+                )
 
     # ---- writing ----
 
@@ -400,6 +462,8 @@ class _Planner:
             yield f"proc {p.pid} {p.ppid} {p.pgid} {p.sid} {_hex(str(p.dir))}"
         for z in self.zombies:
             yield f"zombie {z.pid} {z.ppid} {z.pgid} {z.sid} {z.wstatus}"
+        for h in self.helpers.values():
+            yield f"helper {h.pid} {h.sid}"
 
     def _plan_tcp(self, st: _Steps) -> None:
         """Listeners first, bound to their old addresses; then each connection
@@ -575,6 +639,7 @@ def build_plan(
     planner.other_ranks = {endpoint(ip_sockaddr(a))[0] for a in other_ranks}
     planner.gather()
     planner.check_tree()
+    planner.check_processes()
     return "\n".join(planner.lines()) + "\n"
 
 

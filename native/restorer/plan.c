@@ -13,6 +13,11 @@
  *            set_tid), takes its session and process group, then execs
  *            `ckptd-restore IMAGE_DIR --plan PLAN` for its own image.
  *            Zombies are recreated by a child that exits at once.
+ *            Orphans are forked with CLONE_PARENT by a child of init in
+ *            their session; a session or group whose leader had exited by
+ *            a helper process with the leader's pid, gone before the job
+ *            runs.  Nobody execs its restorer before the whole tree exists
+ *            (wait_tree).
  *
  * Each per-process restorer reads the plan's key lines to find the slot
  * for each of its pipes, sockets and shared mappings (rst_slot_for), dups
@@ -37,6 +42,8 @@
  *                                  accepted end is S
  *   sockbuf SLOT SNDBUF RCVBUF     widen buffers before a large queue goes back
  *   proc PID PPID PGID SID DIR     zombie PID PPID PGID SID WSTATUS
+ *   helper PID SID                 a session or group whose leader had exited:
+ *                                  made again by a temporary child of init
  */
 #include "restorer.h"
 
@@ -671,7 +678,7 @@ static void build_objects(char *buf, uint64_t size)
             tcp_socket_opts(slot_fd(&l, 1), (uint32_t)num(&l, 2));
         } else if (!ck_strcmp(op, "sockbuf")) {
             op_sockbuf(&l);
-        } else if (ck_strcmp(op, "proc") && ck_strcmp(op, "zombie")) {
+        } else if (ck_strcmp(op, "proc") && ck_strcmp(op, "zombie") && ck_strcmp(op, "helper")) {
             rst_fail("corrupt restore plan: unknown operation", op, 0);
         }
     }
@@ -681,12 +688,15 @@ static void build_objects(char *buf, uint64_t size)
 
 struct plan_proc {
     int pid, ppid, pgid, sid;
-    int zombie, wstatus;
+    int zombie, helper, wstatus;
     char dir[1024];
 };
 
 static struct plan_proc *procs;
 static int nprocs;
+/* the tree is whole when this pipe reads EOF: every process holds its
+ * write end until it has forked its children and joined its group */
+static int tree_pipe[2] = {-1, -1};
 
 static void collect_procs(char *buf, uint64_t size)
 {
@@ -698,17 +708,24 @@ static void collect_procs(char *buf, uint64_t size)
     while (next_line(&cur, buf + size, &l)) {
         if (!l.ntok)
             continue;
-        int zombie = !ck_strcmp(l.tok[0], "zombie");
-        if (ck_strcmp(l.tok[0], "proc") && !zombie)
+        int zombie = !ck_strcmp(l.tok[0], "zombie"), helper = !ck_strcmp(l.tok[0], "helper");
+        if (ck_strcmp(l.tok[0], "proc") && !zombie && !helper)
             continue;
         if (nprocs >= MAX_PROCS)
             rst_fail("too many processes in the restore plan", 0, 0);
         struct plan_proc *p = &procs[nprocs++];
         p->pid = (int)num(&l, 1);
+        p->zombie = zombie;
+        p->helper = helper;
+        if (helper) {  /* helper PID SID: a child of init leading group PID (and session PID if SID is PID) */
+            p->ppid = 1;
+            p->pgid = p->pid;
+            p->sid = (int)num(&l, 2);
+            continue;
+        }
         p->ppid = (int)num(&l, 2);
         p->pgid = (int)num(&l, 3);
         p->sid = (int)num(&l, 4);
-        p->zombie = zombie;
         if (zombie)
             p->wstatus = (int)num(&l, 5);
         else
@@ -731,6 +748,19 @@ static void die_as(const struct plan_proc *p)
     ck_exit_group((p->wstatus >> 8) & 0xff);
 }
 
+/* Wait until every process of the tree exists, in its session and group:
+ * then a restorer that reopens /proc/PID/... of another process of the job
+ * finds it, and a helper (which has made its session or group, forked its
+ * orphans and kept the group alive while others joined it) may go. */
+static void wait_tree(void)
+{
+    ck_close(tree_pipe[1]);
+    char c;
+    while (ck_read(tree_pipe[0], &c, 1) == -EINTR)
+        ;
+    ck_close(tree_pipe[0]);
+}
+
 static void become(int idx) __attribute__((noreturn));
 
 static void spawn(int idx, uint64_t flags)
@@ -739,7 +769,9 @@ static void spawn(int idx, uint64_t flags)
     struct rst_clone_args a;
     ck_memset(&a, 0, sizeof(a));
     a.flags = flags;
-    a.exit_signal = SIGCHLD;
+    /* clone3 refuses an exit signal with CLONE_PARENT: the child gets its
+     * new parent's (init's child's: SIGCHLD) */
+    a.exit_signal = (flags & CLONE_PARENT) ? 0 : SIGCHLD;
     a.set_tid = (uint64_t)&tid;
     a.set_tid_size = 1;
     long rc = ck_clone3(&a, sizeof(a));
@@ -751,11 +783,8 @@ static void spawn(int idx, uint64_t flags)
         ck_buf_u64(&b, (uint64_t)tid);
         rst_fail("cannot recreate a process with its old pid (clone3 set_tid)", what, rc);
     }
-    if (rc == 0) {
-        if (procs[idx].zombie)
-            die_as(&procs[idx]);
+    if (rc == 0)
         become(idx);
-    }
 }
 
 static void exec_restorer(const struct plan_proc *p) __attribute__((noreturn));
@@ -779,10 +808,37 @@ static void exec_restorer(const struct plan_proc *p)
     rst_fail("cannot run the restorer for a process", rst.self_path, rc);
 }
 
+/* the process that forks a child of init (an orphan or a helper), with
+ * CLONE_PARENT: a child of init in its session (plan.py checks there is one) */
+static int spawner_of(const struct plan_proc *p)
+{
+    return p->sid == p->pid ? 2 : p->sid;
+}
+
+/* the group may not exist yet: its leader (or helper) is forked by another
+ * branch of the tree, concurrently; nobody waits here before forking its
+ * own children, so every group's leader comes */
+static void join_group(const struct plan_proc *p)
+{
+    for (int tries = 0;; tries++) {
+        long rc = ck_setpgid(0, p->pgid);
+        if (rc >= 0)
+            return;
+        if (rc != -EPERM || tries >= 5000)
+            rst_fail("cannot rejoin a process group (its leader did not come back)", 0, rc);
+        ck_nanosleep_ms(2);
+    }
+}
+
 static void become(int idx)
 {
     const struct plan_proc *p = &procs[idx];
     long rc = 0;
+    if (!p->sid || !p->pgid) {  /* a zombie whose session or group was outside the job's pid namespace */
+        if (p->zombie)
+            die_as(p);
+        rst_fail("corrupt restore plan: a process without a session or process group", 0, 0);
+    }
     if (p->sid == p->pid && ck_getsid(0) != p->pid)
         rc = ck_setsid();
     else if (p->pgid == p->pid && ck_getpgid(0) != p->pid)
@@ -791,18 +847,29 @@ static void become(int idx)
         rst_fail("cannot recreate a session or process group", 0, rc);
     if (ck_getsid(0) != p->sid)
         rst_fail("cannot restore a process's session (it was created by a process that is gone)", 0, 0);
-    if (ck_getpgid(0) != p->pgid) {
-        rc = ck_setpgid(0, p->pgid);
-        if (rc < 0)
-            rst_fail("cannot rejoin a process group (its leader is not back yet)", 0, rc);
-    }
+    /* init's children in this session: helpers first (the groups and
+     * sessions that others join), then orphans */
+    if (p->ppid == 1)
+        for (int pass = 0; pass < 2; pass++)
+            for (int j = 0; j < nprocs; j++)
+                if (j != idx && procs[j].ppid == 1 && procs[j].pid != 2 && procs[j].helper == !pass &&
+                    spawner_of(&procs[j]) == p->pid)
+                    spawn(j, CLONE_PARENT);
     for (int j = 0; j < nprocs; j++)
         if (j != idx && procs[j].ppid == p->pid)
             spawn(j, 0);
-    if (p->pid == 2)  /* orphans belong to pid 1: CLONE_PARENT makes them its children */
-        for (int j = 0; j < nprocs; j++)
-            if (procs[j].ppid == 1 && procs[j].pid != 2)
-                spawn(j, CLONE_PARENT);
+    if (ck_getpgid(0) != p->pgid)
+        join_group(p);
+    if (p->zombie)
+        die_as(p);
+    if (p->helper) {  /* nothing of the job's may stay open in it: it exits once the tree is whole */
+        ck_close_range(0, (unsigned)tree_pipe[0] - 1);
+        ck_close_range((unsigned)tree_pipe[0] + 1, ~0u);
+        tree_pipe[1] = -1;
+    }
+    wait_tree();
+    if (p->helper)
+        ck_exit_group(0);  /* init reaps it */
     exec_restorer(p);
 }
 
@@ -818,6 +885,16 @@ void rst_build(void)
     ck_munmap(buf, (size + 4096) & ~4095ull);
     buf = read_plan(rst.plan_path, &size);
     collect_procs(buf, size);
+    int tp[2];
+    long rc = ck_pipe2(tp, O_CLOEXEC);
+    if (rc < 0)
+        rst_fail("cannot create a pipe", 0, rc);
+    for (int k = 0; k < 2; k++) {  /* above the slots: nothing of the job's is there */
+        tree_pipe[k] = (int)ck_fcntl(tp[k], F_DUPFD_CLOEXEC, rst.slot_base + rst.nslots);
+        if (tree_pipe[k] < 0)
+            rst_fail("cannot place a pipe", 0, tree_pipe[k]);
+        ck_close(tp[k]);
+    }
     for (int i = 0; i < nprocs; i++)
         if (procs[i].pid == (int)ck_getpid() && !procs[i].zombie)
             become(i);

@@ -223,10 +223,11 @@ static inline void span_start(struct span *s)
     s->u = T.user_sigs;
 }
 
+/* the raw call, not the vdso's: a program may have unmapped its [vdso] */
 static int64_t mono_ns(void)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ck_clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 

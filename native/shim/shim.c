@@ -174,7 +174,23 @@ static int recv_line(char *out, size_t cap)
     }
 }
 
+/* Held while a connection to the agent is being made, and by fork (the
+ * atfork handlers): a child forked between socket() and agent_fd being set
+ * would keep the parent's half-made connection as a descriptor of its own,
+ * a Unix socket to a process outside the job that fails its checkpoint. */
+static pthread_mutex_t connecting = PTHREAD_MUTEX_INITIALIZER;
+
+static int connect_agent_locked(void);
+
 static int connect_agent(void)
+{
+    pthread_mutex_lock(&connecting);
+    int rc = connect_agent_locked();
+    pthread_mutex_unlock(&connecting);
+    return rc;
+}
+
+static int connect_agent_locked(void)
 {
     struct sockaddr_un sa;
     ck_memset(&sa, 0, sizeof(sa));
@@ -484,10 +500,17 @@ static void before_fork(void)
 {
     while (ck_lazy_filling())
         ck_futex_wait(&ck_shim.lazy_pending, 1, 200);  /* LAZY_DONE wakes it; else lazy.c looks again */
+    pthread_mutex_lock(&connecting);
+}
+
+static void after_fork_parent(void)
+{
+    pthread_mutex_unlock(&connecting);
 }
 
 static void after_fork_child(void)
 {
+    pthread_mutex_init(&connecting, 0);  /* held by the parent's forking thread, not this one */
     ck_quiesce_after_fork();
     /* the child shares the parent's socket: leave it to the parent */
     if (ck_shim.agent_fd >= 0)
@@ -521,7 +544,7 @@ __attribute__((constructor)) static void ck_shim_init(void)
     const char *capture = getenv("CKPTD_CAPTURE");
     ck_shim.capture_sync = capture && !ck_strcmp(capture, "sync");
     ck_checksum_load();  /* while the process is one thread: dlopen is safe */
-    pthread_atfork(before_fork, 0, after_fork_child);
+    pthread_atfork(before_fork, after_fork_parent, after_fork_child);
     if (connect_agent() < 0 || send_hello(0) < 0)
         drop_connection();  /* the checkpoint thread keeps retrying */
     start_checkpoint_thread();
