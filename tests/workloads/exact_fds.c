@@ -117,11 +117,11 @@ static void setup_flags(void)
     int sv[2];
     CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, sv) == 0, "socketpair");
     watch("Unix socket, SOCK_NONBLOCK", sv[0]);
-    watch("Unix socket, blocking", sv[1]);
+    watch("Unix socket, O_ASYNC by F_SETFL", setfl(sv[1], O_ASYNC));
     int t = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     CHECK(bind(t, (struct sockaddr *)&sa, sizeof(sa)) == 0 && listen(t, 4) == 0, "TCP listener");
-    watch("TCP listener, SOCK_NONBLOCK", t);
+    watch("TCP listener, SOCK_NONBLOCK|O_ASYNC", setfl(t, O_ASYNC));
     int m = memfd_create("exact-fds", 0);
     CHECK(ftruncate(m, 4096) == 0, "ftruncate memfd");
     watch("memfd, O_APPEND|O_NONBLOCK by F_SETFL", setfl(m, O_APPEND | O_NONBLOCK));
