@@ -46,6 +46,7 @@ from ckptd.image.plan import PlanError, plan_for_checkpoint
 from ckptd.jobstate import JobState
 from ckptd.v1 import ckptd_pb2 as pb
 
+from .descriptions import shared_descriptions
 from .gpu import DeviceMemory, cuda_pids
 from .owner import Owner, check_owned_tree, give_dir, open_to_owner
 from .process_state import stopped, why_not_saveable
@@ -469,6 +470,8 @@ class Checkpointer:
             "zombies": job.zombies(),
             "stdout_ino": relay.get("stdout_ino", 0),
             "stderr_ino": relay.get("stderr_ino", 0),
+            # asked while every process is still parked: which of their files are one description
+            "shared_files": shared_descriptions([(c.pid, c.host_pid) for c in conns]),
         }
         rank = job.spec.rank
         if rank.vip:

@@ -119,6 +119,7 @@ class _Pipe:
     fifo_path: str = ""
     size: int = 0
     data: _Data | None = None
+    packet: str = ""  # an end in packet mode (pipe2 O_DIRECT): who holds it
 
 
 @dataclass
@@ -234,8 +235,16 @@ def _shm_name(path: str) -> str:
 
 
 class _Planner:
-    def __init__(self, procs: list[ProcessImage], zombies: list[Zombie], log_pipes: dict[int, int]) -> None:
+    def __init__(
+        self,
+        procs: list[ProcessImage],
+        zombies: list[Zombie],
+        log_pipes: dict[int, int],
+        shared: Iterable[Iterable[Iterable[int]]] = (),
+    ) -> None:
         self.procs = sorted(procs, key=lambda p: p.pid)
+        # open file descriptions several processes share: [(pid, fd), ...] each
+        self.shared = [[(int(pid), int(fd)) for pid, fd in group] for group in shared]
         self.zombies = zombies
         self.log_pipes = log_pipes
         self.pipes: dict[int, _Pipe] = {}
@@ -282,6 +291,8 @@ class _Planner:
         else:
             pipe.readers.append(who)
         pipe.size = max(pipe.size, int(fd.pipe_size))
+        if fd.open_flags & os.O_DIRECT and not pipe.packet:
+            pipe.packet = who
         data = _data_of(p, fd)
         if pipe.data is None and data is not None and data.length:
             pipe.data = data
@@ -420,6 +431,11 @@ class _Planner:
         st = _Steps()
 
         for pipe in self.pipes.values():
+            if pipe.packet and pipe.data and pipe.data.length:
+                raise PlanError(
+                    f"{pipe.packet}: a packet-mode pipe (O_DIRECT) holds {pipe.data.length} bytes, "
+                    "whose message boundaries ckptd cannot keep; checkpoint while it is empty"
+                )
             if pipe.ino in self.log_pipes:
                 st.create.append(f"log {self.slot('w', pipe.ino)} {pipe.ino} {self.log_pipes[pipe.ino]}")
                 continue
@@ -453,6 +469,8 @@ class _Planner:
             if obj.fill is not None:
                 st.data.append(f"shmfill {slot} {_hex(str(obj.fill))}")
 
+        self._plan_shared(st)
+
         maxfd = max((int(fd.fd) for p in self.procs for fd in p.core.records["fds"]), default=2)
         base = max(64, maxfd + 16)
         yield "ckptd-plan 1"
@@ -464,6 +482,38 @@ class _Planner:
             yield f"zombie {z.pid} {z.ppid} {z.pgid} {z.sid} {z.wstatus}"
         for h in self.helpers.values():
             yield f"helper {h.pid} {h.sid}"
+
+    def _plan_shared(self, st: _Steps) -> None:
+        """An open file description several processes share (open, then
+        fork; kcmp found them at checkpoint time: agent/descriptions.py) is
+        one object, so that they move one offset again.  Pipes and sockets
+        are such objects already; these are the kinds each process would
+        otherwise open again on its own."""
+        fds = {(p.pid, int(fd.fd)): fd for p in self.procs for fd in p.core.records["fds"]}
+        kinds = {constant(k) for k in ("CK_FD_REG", "CK_FD_DIR", "CK_FD_CHR", "CK_FD_SHMEM", "CK_FD_EVENTFD")}
+        fifo = constant("CK_FDF_FIFO")
+
+        def reopened(fd: Any) -> bool:
+            return fd.type in kinds or (fd.type == constant("CK_FD_PIPE") and bool(fd.flags & fifo))
+
+        for group in self.shared:
+            members = [(pid, n) for pid, n in group if (pid, n) in fds and reopened(fds[(pid, n)])]
+            if len({pid for pid, _ in members}) < 2:
+                continue
+            pid, n = members[0]
+            holder = next(p for p in self.procs if p.pid == pid)
+            fd = fds[(pid, n)]
+            slot = self.anon_slot()
+            flags = int(fd.open_flags)
+            if fd.type == constant("CK_FD_EVENTFD"):
+                semaphore = int(bool(fd.flags & constant("CK_FDF_EVENTFD_SEMAPHORE")))
+                st.finish.append(f"eventfd {slot} {int(fd.evcount)} {semaphore}")
+            elif fd.type == constant("CK_FD_SHMEM"):
+                st.finish.append(f"fileshm {slot} {self.slot('shm', int(fd.ino))} {flags} {int(fd.pos)}")
+            else:
+                path = holder.core.string(fd.path)
+                st.finish.append(f"file {slot} {flags} {int(fd.pos)} {_hex(path)}")
+            st.finish.extend(f"desc {slot} {p} {f}" for p, f in members)
 
     def _plan_tcp(self, st: _Steps) -> None:
         """Listeners first, bound to their old addresses; then each connection
@@ -631,11 +681,13 @@ def build_plan(
     zombies: list[Zombie],
     log_pipes: dict[int, int],
     other_ranks: Iterable[str] = (),
+    shared: Iterable[Iterable[Iterable[int]]] = (),
 ) -> str:
     """The plan's text; PlanError says why a tree cannot be rebuilt.
     other_ranks: the addresses of the job's other ranks (their connections
-    are rebuilt one end at a time)."""
-    planner = _Planner(procs, zombies, log_pipes)
+    are rebuilt one end at a time); shared: the open file descriptions
+    several processes share, each as its [pid, fd] pairs."""
+    planner = _Planner(procs, zombies, log_pipes, shared)
     planner.other_ranks = {endpoint(ip_sockaddr(a))[0] for a in other_ranks}
     planner.gather()
     planner.check_tree()
@@ -654,4 +706,10 @@ def plan_for_checkpoint(checkpoint: Path, manifest: dict[str, Any]) -> str:
     zombies = [Zombie.from_dict(z) for z in manifest.get("zombies", [])]
     log_pipes = {int(ino): fd for fd, ino in ((1, manifest.get("stdout_ino", 0)), (2, manifest.get("stderr_ino", 0)))}
     log_pipes.pop(0, None)
-    return build_plan(load_processes(checkpoint, manifest), zombies, log_pipes, manifest.get("other_ranks", []))
+    return build_plan(
+        load_processes(checkpoint, manifest),
+        zombies,
+        log_pipes,
+        manifest.get("other_ranks", []),
+        manifest.get("shared_files", []),
+    )

@@ -3,7 +3,13 @@
  * Each is first created at a high scratch number, then dup3'd into place,
  * so creating one never lands on a number another still needs.  Order:
  * everything but dups and epoll targets, then dups (which name a lower
- * descriptor), then epoll registrations (which name any descriptor).
+ * descriptor), then epoll registrations (which name any descriptor), then
+ * POSIX locks (closing any descriptor of a file drops this process's POSIX
+ * locks on it, so nothing may be closed after them).  An open file
+ * description other processes share (open, then fork) is the plan's object
+ * at a slot (a "desc" key), so they move one offset again.  SIGIO owners
+ * are set last, once the threads exist (rst_restore_fd_owners): one may be
+ * the owner.
  */
 #include "restorer.h"
 
@@ -26,6 +32,35 @@ static int scratch_fd(long fd, const char *what, const char *detail)
         rst_fail("cannot move a descriptor out of the way", 0, high);
     ck_close((int)fd);
     return (int)high;
+}
+
+/* the locks saved with f (ck_file_lock records in BLOB), of the given kinds */
+static void take_locks(const struct rst_image *im, const struct ck_fd *f, int posix)
+{
+    for (uint32_t i = 0; i < f->nlocks; i++) {
+        struct ck_file_lock l;
+        uint64_t off = f->locks_off + (uint64_t)i * sizeof(l);
+        if (off + sizeof(l) > im->blob_size)
+            rst_fail("corrupt image: a file lock is outside BLOB", 0, 0);
+        ck_memcpy(&l, im->blob + off, sizeof(l));
+        if ((l.kind == CK_LOCK_POSIX) != posix)
+            continue;
+        long rc;
+        if (l.kind == CK_LOCK_FLOCK) {
+            rc = ck_flock(f->fd, (l.type == F_WRLCK ? LOCK_EX : LOCK_SH) | LOCK_NB);
+        } else {
+            struct flock fl;
+            ck_memset(&fl, 0, sizeof(fl));
+            fl.l_type = (short)l.type;
+            fl.l_whence = SEEK_SET;
+            fl.l_start = (off_t)l.start;
+            fl.l_len = (off_t)l.len;
+            rc = ck_fcntl(f->fd, l.kind == CK_LOCK_OFD ? F_OFD_SETLK : F_SETLK, (long)&fl);
+        }
+        if (rc < 0)
+            rst_fail("cannot take a file lock again (does a process outside the job hold the file locked?)",
+                     rst_str(im, f->path), rc);
+    }
 }
 
 static void place(int tmp, const struct ck_fd *f)
@@ -70,6 +105,15 @@ void rst_restore_fds(const struct rst_image *im)
         const struct ck_fd *f = &im->fds[i];
         const char *path = rst_str(im, f->path);
         int tmp = -1;
+        int shared = f->type == CK_FD_DUP ? -1 : rst_slot_for(RST_KEY_DESC, (uint32_t)im->proc->pid, (uint32_t)f->fd);
+        if (shared >= 0) {
+            /* its offset and flags are other processes' too: made once by the plan */
+            tmp = scratch_fd(ck_fcntl(shared, F_DUPFD_CLOEXEC, 0), "cannot take a shared file", path);
+            place(tmp, f);
+            ck_close(tmp);
+            take_locks(im, f, 0);
+            continue;
+        }
         switch (f->type) {
         case CK_FD_REG: {
             int flags = (int)(f->open_flags & ~(uint32_t)(O_CREAT | O_TRUNC | O_EXCL)) | O_CLOEXEC;
@@ -101,7 +145,18 @@ void rst_restore_fds(const struct rst_image *im)
             tmp = from_slot(f, RST_KEY_TCP, path);
             break;
         case CK_FD_SHMEM: {
-            tmp = from_slot(f, RST_KEY_SHM, path);
+            /* its own open file description, like the original memfd_create
+             * or open(): reopened through the plan's object, not a dup of it */
+            int obj = from_slot(f, RST_KEY_SHM, path);
+            char link[40];
+            struct ck_buf b;
+            ck_buf_init(&b, link, sizeof(link));
+            ck_buf_str(&b, "/proc/self/fd/");
+            ck_buf_u64(&b, (uint64_t)obj);
+            /* not O_NOFOLLOW (shm_open's): the /proc link is one */
+            int flags = (int)(f->open_flags & ~(uint32_t)(O_CREAT | O_TRUNC | O_EXCL | O_NOFOLLOW)) | O_CLOEXEC;
+            tmp = scratch_fd(ck_open(link, flags, 0), "cannot reopen shared memory", path);
+            ck_close(obj);
             long rc = ck_lseek(tmp, (int64_t)f->pos, SEEK_SET);
             if (rc < 0)
                 rst_fail("cannot seek in shared memory", path, rc);
@@ -128,6 +183,7 @@ void rst_restore_fds(const struct rst_image *im)
         }
         place(tmp, f);
         ck_close(tmp);
+        take_locks(im, f, 0);
     }
     for (uint32_t i = 0; i < im->nfds; i++) {
         const struct ck_fd *f = &im->fds[i];
@@ -154,4 +210,31 @@ void rst_restore_fds(const struct rst_image *im)
         if (rst.stdio_fd[i] >= 0)
             ck_close(rst.stdio_fd[i]);
     rst_close_slots();  /* what this process does not hold must not stay open */
+    for (uint32_t i = 0; i < im->nfds; i++)
+        take_locks(im, &im->fds[i], 1);
+}
+
+/* F_SETOWN_EX and F_SETSIG; an owner in another process of the job may be
+ * restored a moment later than this one (ESRCH): wait up to 5 s for it */
+void rst_restore_fd_owners(const struct rst_image *im)
+{
+    for (uint32_t i = 0; i < im->nfds; i++) {
+        const struct ck_fd *f = &im->fds[i];
+        if (f->type == CK_FD_DUP)
+            continue;
+        if (f->sigio_signal) {
+            long rc = ck_fcntl(f->fd, F_SETSIG, (long)f->sigio_signal);
+            if (rc < 0)
+                rst_fail("cannot restore a descriptor's SIGIO signal (F_SETSIG)", rst_str(im, f->path), rc);
+        }
+        if (!f->owner_pid)
+            continue;
+        struct f_owner_ex owner = {(enum __pid_type)f->owner_type, f->owner_pid};
+        long rc;
+        for (int tries = 0; (rc = ck_fcntl(f->fd, F_SETOWN_EX, (long)&owner)) == -ESRCH && tries < 500; tries++) {
+            ck_nanosleep_ms(10);
+        }
+        if (rc < 0)
+            rst_fail("cannot restore a descriptor's SIGIO owner (F_SETOWN_EX)", rst_str(im, f->path), rc);
+    }
 }

@@ -44,6 +44,12 @@
  *   proc PID PPID PGID SID DIR     zombie PID PPID PGID SID WSTATUS
  *   helper PID SID                 a session or group whose leader had exited:
  *                                  made again by a temporary child of init
+ *   file SLOT FLAGS POS PATH       one open file description several processes
+ *   fileshm SLOT SHM FLAGS POS       share (open, then fork): a file, directory,
+ *   eventfd SLOT COUNT SEMAPHORE     device or FIFO opened again; a memfd or
+ *                                    deleted tmpfs file opened again from the
+ *                                    shm object at slot SHM; an eventfd
+ *   desc SLOT PID FD               process PID's descriptor FD is that object
  */
 #include "restorer.h"
 
@@ -172,6 +178,8 @@ static void parse_key_line(const struct line *l)
         add_key(RST_KEY_SHM, num(l, 1), num(l, 2), num(l, 3));
     } else if (!ck_strcmp(op, "tcp")) {
         add_key(RST_KEY_TCP, num(l, 1), 0, num(l, 2));
+    } else if (!ck_strcmp(op, "desc")) {
+        add_key(RST_KEY_DESC, num(l, 1), num(l, 2), num(l, 3));
     }
 }
 
@@ -191,7 +199,7 @@ int rst_slot_for(uint32_t kind, uint64_t dev, uint64_t ino)
 {
     for (int i = 0; i < rst.nkeys; i++) {
         const struct rst_key *k = &rst.keys[i];
-        if (k->kind == kind && k->ino == ino && (kind != RST_KEY_SHM || k->dev == dev))
+        if (k->kind == kind && k->ino == ino && ((kind != RST_KEY_SHM && kind != RST_KEY_DESC) || k->dev == dev))
             return rst.slot_base + (int)k->slot;
     }
     return -1;
@@ -338,6 +346,41 @@ static void op_fifo(const struct line *l)
         fd = ck_open(path, O_RDWR | O_NONBLOCK | O_CLOEXEC, 0);
     }
     to_slot(fd, l, 1, "cannot open a FIFO");
+}
+
+/* an open file description several processes share, at its offset; its
+ * status flags are set by each process that holds it (fds.c) */
+static void op_file(const struct line *l, int from_shm)
+{
+    char path[1200];
+    int flags = (int)num(l, from_shm ? 3 : 2) & ~(O_CREAT | O_TRUNC | O_EXCL | (from_shm ? O_NOFOLLOW : 0));
+    long fd;
+    if (from_shm) {
+        /* a memfd or deleted file has no path: its object's /proc link does */
+        struct ck_buf b;
+        ck_buf_init(&b, path, sizeof(path));
+        ck_buf_str(&b, "/proc/self/fd/");
+        ck_buf_u64(&b, (uint64_t)slot_fd(l, 2));
+    } else {
+        unhex(l, 4, path, sizeof(path));
+    }
+    /* O_NONBLOCK: a FIFO's or device's open must not wait */
+    fd = ck_open(path, flags | O_NONBLOCK | O_CLOEXEC, 0);
+    if (fd < 0)
+        rst_fail("cannot reopen a file several processes share", path, fd);
+    long rc = ck_lseek((int)fd, (int64_t)num(l, from_shm ? 4 : 3), SEEK_SET);
+    if (rc < 0 && rc != -ESPIPE)
+        rst_fail("cannot seek a file several processes share", path, rc);
+    to_slot(fd, l, 1, "cannot reopen a file several processes share");
+}
+
+static void op_eventfd(const struct line *l)
+{
+    long fd = ck_eventfd2(0, (num(l, 3) ? 1 /* EFD_SEMAPHORE */ : 0) | O_CLOEXEC);
+    uint64_t v = num(l, 2);
+    if (fd >= 0 && v && ck_write((int)fd, &v, sizeof(v)) != sizeof(v))
+        rst_fail("cannot restore an eventfd counter", 0, 0);
+    to_slot(fd, l, 1, "cannot create an eventfd");
 }
 
 /* mkdir -p of a path's directory, private to the job's user like the
@@ -678,7 +721,12 @@ static void build_objects(char *buf, uint64_t size)
             tcp_socket_opts(slot_fd(&l, 1), (uint32_t)num(&l, 2));
         } else if (!ck_strcmp(op, "sockbuf")) {
             op_sockbuf(&l);
-        } else if (ck_strcmp(op, "proc") && ck_strcmp(op, "zombie") && ck_strcmp(op, "helper")) {
+        } else if (!ck_strcmp(op, "file") || !ck_strcmp(op, "fileshm")) {
+            op_file(&l, op[4] == 's');
+        } else if (!ck_strcmp(op, "eventfd")) {
+            op_eventfd(&l);
+        } else if (ck_strcmp(op, "proc") && ck_strcmp(op, "zombie") && ck_strcmp(op, "helper") &&
+                   ck_strcmp(op, "desc")) {
             rst_fail("corrupt restore plan: unknown operation", op, 0);
         }
     }

@@ -35,6 +35,7 @@
 #define RST_KEY_UNIX 4
 #define RST_KEY_SHM 5
 #define RST_KEY_TCP 6
+#define RST_KEY_DESC 7   /* an open file description several processes share: dev = pid, ino = fd */
 struct rst_key {
     uint32_t kind;
     uint32_t slot;
@@ -184,6 +185,7 @@ long rst_tcp_clear_time_wait(const void *addr, size_t len);
 
 /* fds.c */
 void rst_restore_fds(const struct rst_image *im);
+void rst_restore_fd_owners(const struct rst_image *im);  /* once the threads exist */
 
 /* proc.c */
 void rst_restore_limits(const struct rst_image *im);

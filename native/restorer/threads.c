@@ -138,6 +138,7 @@ void rst_restore_threads(const struct rst_image *im)
     if (rc < 0)
         rst_fail("cannot restore the main thread's TLS base", 0, rc);
     thread_setup(main);
+    rst_restore_fd_owners(im);  /* a thread may be a SIGIO owner: now they all exist */
     rst_restore_limits(im);
     rst_queue_pending(im);
     write_restart_info(im);

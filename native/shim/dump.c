@@ -46,6 +46,63 @@ void ck_image_add_own_fd(struct ck_image *im, int fd)
         im->own_fds[im->n_own_fds++] = fd;
 }
 
+/*
+ * Saving the files the job writes opens and closes them, and a close drops
+ * every POSIX lock (F_SETLK) the process holds on that file (fcntl(2)).  A
+ * process holding such locks saves them from a thread with a copy of its
+ * descriptor table (no CLONE_FILES): that thread's closes are not its own.
+ */
+struct files_job {
+    struct ck_image *im;
+    uint64_t *bytes;
+    int rc;
+    uint32_t done;
+};
+
+static void files_thread(void *arg)
+{
+    struct files_job *j = arg;
+    j->rc = ck_dump_files(j->im, j->bytes);
+    __atomic_store_n(&j->done, 1, __ATOMIC_RELEASE);
+    ck_futex_wake_all(&j->done);
+}
+
+static int holds_posix_locks(struct ck_image *im)
+{
+    for (size_t i = 0; i < im->fds.count; i++) {
+        const struct ck_fd *f = ck_table_at(&im->fds, i);
+        for (uint32_t k = 0; k < f->nlocks; k++) {
+            struct ck_file_lock l;
+            ck_memcpy(&l, (const char *)ck_table_at(&im->blob, 0) + f->locks_off + k * sizeof(l), sizeof(l));
+            if (l.kind == CK_LOCK_POSIX)
+                return 1;
+        }
+    }
+    return 0;
+}
+
+static int dump_files_keeping_locks(struct ck_image *im, uint64_t *bytes)
+{
+    if (!holds_posix_locks(im))
+        return ck_dump_files(im, bytes);
+    size_t size = 1 << 20;
+    char *stack = ck_mmap(0, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (ck_mmap_failed(stack))
+        return ck_image_fail(im, "out of memory for a thread that saves files", 0, (long)stack);
+    struct files_job j = {im, bytes, 0, 0};
+    long tid = ck_writer_thread(stack + size, files_thread, &j, CK_THREAD_FLAGS & ~(unsigned long)CK_FILES_OWN);
+    if (tid < 0) {
+        ck_munmap(stack, size);
+        return ck_image_fail(im, "cannot start a thread that saves files", 0, tid);
+    }
+    while (!__atomic_load_n(&j.done, __ATOMIC_ACQUIRE))
+        ck_futex_wait(&j.done, 0, -1);
+    while (ck_tgkill((int)ck_getpid(), (int)tid, 0) == 0)  /* off its stack: gone */
+        ck_sched_yield();
+    ck_munmap(stack, size);
+    return j.rc;
+}
+
 /* the n-th space-separated field after the ")" that ends comm in /proc/self/stat */
 static const char *stat_field(const char *after_comm, int n)
 {
@@ -410,7 +467,7 @@ int ck_dump(const struct ck_dump_args *a, struct ck_dump_stats *st, char *err, s
     if (rc == 0)
         rc = ck_dump_fds(&im);
     if (rc == 0)
-        rc = ck_dump_files(&im, &st->files_bytes);
+        rc = dump_files_keeping_locks(&im, &st->files_bytes);
     if (rc == 0)
         rc = ck_dump_memory(&im, &st->pages_bytes, &st->files_bytes, &st->ref_bytes);
     if (rc == 0)

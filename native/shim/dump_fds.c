@@ -216,6 +216,91 @@ static int classify(struct ck_image *im, struct ck_fd *f, const char *target, co
     return dump_epoll(im, f, info);
 }
 
+/* the n-th whitespace-separated word of a line (n from 0), or 0 */
+static const char *word(const char *line, int n)
+{
+    const char *p = ck_skip_spaces(line);
+    for (int i = 0; i < n; i++) {
+        while (*p && *p != ' ' && *p != '\t' && *p != '\n')
+            p++;
+        while (*p == ' ' || *p == '\t')
+            p++;
+        if (!*p || *p == '\n')
+            return 0;
+    }
+    return p;
+}
+
+/*
+ * The file locks held through descriptor f (the "lock:" lines of its fdinfo:
+ * flock and OFD locks of its description, POSIX locks this process took on
+ * it), into BLOB; a lease refuses the checkpoint.  A line reads
+ *   lock:	1: POSIX  ADVISORY  WRITE 1234 00:2a:5678 10 19
+ *   lock:	2: OFDLCK ADVISORY  READ  -1 00:2a:5678 50 EOF
+ *   lock:	3: FLOCK  ADVISORY  WRITE 1234 00:2a:5678 0 EOF
+ *   lock:	4: LEASE  ACTIVE    READ  1234 00:2a:5678 0 EOF
+ */
+static int dump_locks(struct ck_image *im, struct ck_fd *f, const char *info, const char *target)
+{
+    f->locks_off = im->blob.count;
+    for (const char *p = info; *p;) {
+        if (ck_startswith(p, "lock:")) {
+            const char *line = p + 5, *kind = word(line, 1), *type = word(line, 3);
+            const char *start = word(line, 6), *end = word(line, 7);
+            struct ck_file_lock l = {0, 0, 0, 0};
+            if (kind && (ck_startswith(kind, "LEASE") || ck_startswith(kind, "DELEG"))) {
+                char what[160];
+                struct ck_buf b;
+                ck_buf_init(&b, what, sizeof(what));
+                ck_buf_str(&b, "holds a file lease (F_SETLEASE) through descriptor ");
+                ck_buf_u64(&b, (uint64_t)f->fd);
+                ck_buf_str(&b, ": ckptd cannot restore leases; release it (F_SETLEASE F_UNLCK) before a checkpoint");
+                return ck_image_fail(im, what, target, 0);
+            }
+            if (kind && ck_startswith(kind, "FLOCK"))
+                l.kind = CK_LOCK_FLOCK;
+            else if (kind && ck_startswith(kind, "POSIX"))
+                l.kind = CK_LOCK_POSIX;
+            else if (kind && ck_startswith(kind, "OFDLCK"))
+                l.kind = CK_LOCK_OFD;
+            if (!l.kind || !type || !start || !end)
+                return ck_fail_fd(im, f->fd, "a kind of file lock ckptd cannot read", target);
+            l.type = ck_startswith(type, "WRITE") ? F_WRLCK : F_RDLCK;
+            if (l.kind != CK_LOCK_FLOCK) {
+                l.start = ck_parse_u64(start, 10, 0);
+                l.len = ck_startswith(end, "EOF") ? 0 : ck_parse_u64(end, 10, 0) - l.start + 1;
+            }
+            if (ck_table_bytes_append(&im->blob, &l, sizeof(l)) == UINT64_MAX)
+                return ck_image_fail(im, "too many file locks", 0, 0);
+            f->nlocks++;
+        }
+        while (*p && *p != '\n')
+            p++;
+        if (*p)
+            p++;
+    }
+    return 0;
+}
+
+/* the SIGIO owner and signal of f's description, and its file locks */
+static int dump_owner_and_locks(struct ck_image *im, struct ck_fd *f, const char *target, char *info, size_t infocap)
+{
+    struct f_owner_ex owner = {0, 0};
+    if (ck_fcntl(f->fd, F_GETOWN_EX, (long)&owner) == 0 && owner.pid) {
+        f->owner_type = (uint32_t)owner.type;
+        f->owner_pid = owner.pid;
+    }
+    long sig = ck_fcntl(f->fd, F_GETSIG, 0);
+    f->sigio_signal = sig > 0 ? (uint32_t)sig : 0;
+    char path[64];
+    fd_path(path, sizeof(path), "/proc/self/fdinfo/", f->fd);
+    long n = ck_read_file(path, info, infocap - 1);
+    if (n < 0)
+        return ck_image_fail(im, "cannot read fdinfo", path, n);
+    info[n] = 0;
+    return dump_locks(im, f, info, target);
+}
+
 /* lowest earlier descriptor sharing this open file description, or -1 */
 static int find_dup(struct ck_image *im, struct ck_fd *f, int pid)
 {
@@ -289,7 +374,8 @@ int ck_dump_fds(struct ck_image *im)
                 f->type = CK_FD_DUP;
                 continue;
             }
-            if (classify(im, f, target, &st, info, sizeof(info)) < 0)
+            if (classify(im, f, target, &st, info, sizeof(info)) < 0 ||
+                dump_owner_and_locks(im, f, target, info, sizeof(info)) < 0)
                 rc = -1;
         }
         if (rc)

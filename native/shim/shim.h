@@ -245,4 +245,9 @@ int ck_eintr_sigaction(int sig, const struct sigaction *act, struct sigaction *o
 /* syscall(SYS_futex, ...): waits with a timeout resumed; raw result */
 long ck_eintr_futex(long uaddr, long op, long val, long timeout, long a4, long a5) CK_HIDDEN;
 
+/* a raw thread running fn(arg) on the stack below stack_top (writeout.c) */
+#define CK_THREAD_FLAGS 0x50f00  /* CLONE_VM|FS|FILES|SIGHAND|THREAD|SYSVSEM */
+#define CK_FILES_OWN 0x400       /* CLONE_FILES: left out, the thread's closes are not the process's */
+long ck_writer_thread(void *stack_top, void (*fn)(void *), void *arg, unsigned long flags) CK_HIDDEN;
+
 #endif

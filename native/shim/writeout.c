@@ -115,10 +115,9 @@ static struct {
     struct ck_checksum *sum;
 } wpipe;
 
-/* a thread of this process (shared memory and descriptors, no TLS of its
- * own: nothing it runs reads any) on `stack`, running fn(arg), then
- * exiting alone; its id, or -errno */
-long ck_writer_thread(void *stack_top, void (*fn)(void *), void *arg) CK_HIDDEN;
+/* a thread of this process (clone FLAGS: shared memory, and descriptors
+ * unless CLONE_FILES is left out; no TLS of its own: nothing it runs reads
+ * any) on `stack`, running fn(arg), then exiting alone; its id, or -errno */
 __asm__(".text\n"
         ".globl ck_writer_thread\n"
         ".hidden ck_writer_thread\n"
@@ -128,7 +127,7 @@ __asm__(".text\n"
         "    mov %rdx, 0(%rdi)\n"    /* arg */
         "    mov %rsi, 8(%rdi)\n"    /* fn */
         "    mov %rdi, %rsi\n"       /* the child's stack */
-        "    mov $0x50f00, %edi\n"   /* CLONE_VM|FS|FILES|SIGHAND|THREAD|SYSVSEM */
+        "    mov %rcx, %rdi\n"       /* flags */
         "    xor %edx, %edx\n"
         "    xor %r10d, %r10d\n"
         "    xor %r8d, %r8d\n"
@@ -670,7 +669,7 @@ static int write_later_runs_hashed(struct ck_image *im, int fd, struct ck_checks
         char *stack = ck_mmap(0, 256 << 10, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         wpipe = (typeof(wpipe)){0, 0, 0, 0, fd, 0, &o.wb, sum};
         pipe_other = bounce;
-        o.piped = !ck_mmap_failed(stack) && ck_writer_thread(stack + (256 << 10), pipe_thread, 0) > 0;
+        o.piped = !ck_mmap_failed(stack) && ck_writer_thread(stack + (256 << 10), pipe_thread, 0, CK_THREAD_FLAGS) > 0;
     }
     int rc = each_run(im, 1, hashed_run, &o);
     if (rc == 0)

@@ -19,7 +19,7 @@
 
 /* BEGIN CFFI */
 #define CK_CORE_MAGIC 0x45524f4354504b43   /* "CKPTCORE" as little-endian bytes */
-#define CK_CORE_VERSION 4
+#define CK_CORE_VERSION 5
 #define CK_MAX_SECTIONS 16
 #define CK_PAGE_SIZE 4096
 
@@ -248,6 +248,28 @@ struct ck_fd {
     uint32_t pad1;
     uint64_t sendq_off;         /* the whole send queue in BLOB: sent-not-acked, then unsent */
     uint64_t sendq_len;
+    /* the description's SIGIO owner (F_GETOWN_EX) and signal (F_GETSIG):
+       a process that asked for O_ASYNC signals gets them again after a restart */
+    uint32_t owner_type;        /* F_OWNER_TID, F_OWNER_PID, F_OWNER_PGRP */
+    int32_t owner_pid;          /* 0: no owner */
+    uint32_t sigio_signal;      /* 0: SIGIO */
+    /* the file locks held through this descriptor (its fdinfo's "lock:" lines):
+       flock and OFD locks of its description, POSIX locks of this process */
+    uint32_t nlocks;
+    uint64_t locks_off;         /* nlocks struct ck_file_lock in BLOB */
+};
+
+/* ck_file_lock.kind */
+#define CK_LOCK_FLOCK 1
+#define CK_LOCK_POSIX 2
+#define CK_LOCK_OFD 3
+
+/* one file lock, taken again at restore (flock, F_SETLK, F_OFD_SETLK) */
+struct ck_file_lock {
+    uint32_t kind;              /* CK_LOCK_* */
+    uint32_t type;              /* F_RDLCK, F_WRLCK */
+    uint64_t start;
+    uint64_t len;               /* 0: to the end of the file */
 };
 
 struct ck_epoll_target {
