@@ -8,7 +8,6 @@
 #include "restorer.h"
 
 #include <errno.h>
-#include <sys/epoll.h>
 
 #ifndef F_SETPIPE_SZ
 #define F_SETPIPE_SZ 1031
@@ -137,19 +136,7 @@ void rst_restore_fds(const struct rst_image *im)
         if (rc < 0)
             rst_fail("cannot duplicate a descriptor", 0, rc);
     }
-    for (uint32_t i = 0; i < im->nfds; i++) {
-        const struct ck_fd *f = &im->fds[i];
-        if (f->type != CK_FD_EPOLL)
-            continue;
-        for (uint32_t k = f->first_epoll; k < f->first_epoll + f->nepoll; k++) {
-            struct epoll_event ev;
-            ev.events = im->epoll[k].events;
-            ev.data.u64 = im->epoll[k].data;
-            long rc = ck_epoll_ctl(f->fd, EPOLL_CTL_ADD, im->epoll[k].tfd, &ev);
-            if (rc < 0)
-                rst_fail("cannot restore an epoll registration", 0, rc);
-        }
-    }
+    rst_restore_epolls(im);  /* epoll.c */
     for (int i = 0; i < 3; i++)
         if (rst.stdio_fd[i] >= 0)
             ck_close(rst.stdio_fd[i]);

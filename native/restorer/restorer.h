@@ -184,6 +184,7 @@ long rst_tcp_clear_time_wait(const void *addr, size_t len);
 
 /* fds.c */
 void rst_restore_fds(const struct rst_image *im);
+void rst_restore_epolls(const struct rst_image *im);  /* epoll.c: once every descriptor is back */
 
 /* proc.c */
 void rst_restore_limits(const struct rst_image *im);

@@ -19,7 +19,7 @@
 
 /* BEGIN CFFI */
 #define CK_CORE_MAGIC 0x45524f4354504b43   /* "CKPTCORE" as little-endian bytes */
-#define CK_CORE_VERSION 4
+#define CK_CORE_VERSION 5
 #define CK_MAX_SECTIONS 16
 #define CK_PAGE_SIZE 4096
 
@@ -251,9 +251,16 @@ struct ck_fd {
 };
 
 struct ck_epoll_target {
-    int32_t tfd;
-    uint32_t events;
+    int32_t tfd;                /* the descriptor number it was registered under */
+    uint32_t events;            /* as the kernel keeps them: EPOLLERR|EPOLLHUP added,
+                                   only the flag bits left once EPOLLONESHOT fired */
     uint64_t data;
+    /* a descriptor of the registered file in this process: tfd, or another
+       one when tfd was closed (and maybe reused) after the registration;
+       epoll knows a registration by (file, number), so the restore puts the
+       file at tfd for the EPOLL_CTL_ADD, then puts back what tfd holds */
+    int32_t holder;
+    uint32_t pad;
 };
 
 /* rt_sigaction's kernel layout, one per signal 1..64 (index sig-1) */
