@@ -12,7 +12,7 @@ import pytest
 from conftest import Ckptd, compile_workload, exact_round_trip
 from test_bad_input import assert_refused
 
-STEPS = "14"
+STEPS = "30"
 
 
 @pytest.fixture(scope="module")

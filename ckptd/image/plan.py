@@ -421,10 +421,12 @@ class _Planner:
                 st.bind.append(f"tcpbind {slot} {_hex(t.local)}")
 
         def listener_for(ep: Endpoint) -> int | None:
-            for addr, slot in listeners.get(ep[1], []):
-                if addr == ep[0] or _is_wildcard(addr):
-                    return slot
-            return None
+            found = listeners_for(ep)
+            return found[0] if found else None
+
+        def listeners_for(ep: Endpoint) -> list[int]:
+            # several with SO_REUSEPORT: the kernel may hand a connection to any
+            return [slot for addr, slot in listeners.get(ep[1], []) if addr == ep[0] or _is_wildcard(addr)]
 
         ends = {(t.local_ep, t.peer_ep): t for t in self.tcp.values() if t.state == connected}
         done: set[int] = set()
@@ -456,9 +458,9 @@ class _Planner:
             else:
                 client, server = (t, peer) if t.ino < peer.ino else (peer, t)
             c, s = self.slot("tcp", client.ino), self.slot("tcp", server.ino)
-            lslot = listener_for(server.local_ep)
+            lslots = ",".join(str(slot) for slot in listeners_for(server.local_ep)) or "-1"
             st.connect.append(
-                f"tcppair {c} {s} {-1 if lslot is None else lslot} {server.family} "
+                f"tcppair {c} {s} {lslots} {server.family} "
                 f"{_hex(server.local)} {_hex(client.local)} {_hex(client.peer)}"
             )
             for sender, receiver, ss, rs in ((client, server, c, s), (server, client, s, c)):

@@ -170,7 +170,8 @@ static void epoll_check(int step)
 
 /* ---- SO_REUSEPORT ---- */
 
-static int lst[2];
+#define NKEPT 6
+static int lst[2], kept[NKEPT][2]; /* connections to the port, open throughout: each listener accepted some */
 static struct sockaddr_in bound;
 
 static void reuseport_setup(void)
@@ -188,6 +189,17 @@ static void reuseport_setup(void)
         if (!i)
             CHECK(getsockname(lst[0], (struct sockaddr *)&bound, &len) == 0, "getsockname");
     }
+    int by[2] = {0, 0};
+    for (int k = 0; k < NKEPT; k++) {
+        CHECK((kept[k][0] = socket(AF_INET, SOCK_STREAM, 0)) >= 0, "socket");
+        CHECK(connect(kept[k][0], (struct sockaddr *)&bound, sizeof(bound)) == 0, "connect");
+        struct pollfd pfd[2] = {{lst[0], POLLIN, 0}, {lst[1], POLLIN, 0}};
+        CHECK(poll(pfd, 2, 5000) == 1, "poll on the listeners");
+        int l = pfd[0].revents & POLLIN ? 0 : 1;
+        CHECK((kept[k][1] = accept(lst[l], 0, 0)) >= 0, "accept");
+        by[l]++;
+    }
+    fprintf(stderr, "accepted by the listeners: %d and %d\n", by[0], by[1]);
 }
 
 static void reuseport_check(int step)
@@ -207,12 +219,15 @@ static void reuseport_check(int step)
     CHECK(connect(c, (struct sockaddr *)&bound, sizeof(bound)) == 0, "connect");
     struct pollfd pfd[2] = {{lst[0], POLLIN, 0}, {lst[1], POLLIN, 0}};
     CHECK(poll(pfd, 2, 5000) == 1, "poll on the listeners");
-    int got = pfd[0].revents & POLLIN ? 0 : 1;
-    int a = accept(lst[got], 0, 0);
+    int a = accept(lst[pfd[0].revents & POLLIN ? 0 : 1], 0, 0);
     CHECK(a >= 0, "accept");
     close(a);
     close(c);
-    CHECK(got >= 0, "no listener accepted");
+    for (int k = 0; k < NKEPT; k++) {
+        char buf[4] = "abc";
+        CHECK(write(kept[k][0], buf, 4) == 4 && read(kept[k][1], buf, 4) == 4 && !strcmp(buf, "abc"), "connection %d",
+              k);
+    }
 }
 
 /* ---- socket options ---- */
