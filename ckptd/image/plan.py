@@ -110,6 +110,24 @@ class _Pipe:
 
 
 @dataclass
+class _Options:
+    """A socket's saved options: ck_sockopt records in a core.img (native/common/sockopts.h)."""
+
+    file: Path
+    offset: int
+    count: int
+
+    def line(self, slot: int) -> str:
+        return f"sockopts {slot} {_hex(str(self.file))} {self.offset} {self.count}"
+
+
+def _options_of(p: ProcessImage, fd: Any) -> _Options | None:
+    if not fd.nsockopts:
+        return None
+    return _Options(p.core.path, p.core.blob_file_offset() + int(fd.sockopt_off), int(fd.nsockopts))
+
+
+@dataclass
 class _Socket:
     ino: int
     type: int
@@ -120,6 +138,7 @@ class _Socket:
     backlog: int
     data: _Data | None
     holders: list[tuple[ProcessImage, int]] = field(default_factory=list)
+    options: _Options | None = None
 
 
 def _is_wildcard(addr: bytes) -> bool:
@@ -155,6 +174,7 @@ class _Tcp:
     holders: list[tuple[ProcessImage, int]] = field(default_factory=list)
     # the repair-mode state (None without CAP_NET_ADMIN): rebuilds this end alone
     repair: _Repair | None = None
+    options: _Options | None = None
 
     @property
     def local_ep(self) -> Endpoint:
@@ -276,6 +296,7 @@ class _Planner:
                 shutdown=int(fd.shutdown),
                 backlog=int(fd.backlog),
                 data=None,
+                options=_options_of(p, fd),
             )
             self.sockets[ino] = s
         data = _data_of(p, fd)
@@ -300,6 +321,7 @@ class _Planner:
                 sndbuf=int(fd.sndbuf),
                 data=_data_of(p, fd),
                 unsent=unsent,
+                options=_options_of(p, fd),
             )
             if fd.repair:
                 t.repair = _Repair(
@@ -382,6 +404,9 @@ class _Planner:
             if s.ino in done:
                 continue
             self._plan_socket(s, done, st)
+        for s in self.sockets.values():
+            if s.options and ("unix", s.ino) in self.slots:
+                st.finish.append(s.options.line(self.slots["unix", s.ino]))
 
         self._plan_tcp(st)
 
@@ -412,6 +437,8 @@ class _Planner:
             slot = self.slot("tcp", t.ino)
             st.create.append(f"tcp {slot} {t.ino} {t.family} {t.opts}")
             st.finish.append(f"tcpopts {slot} {t.opts}")
+            if t.options:
+                st.finish.append(t.options.line(slot))
             if t.state == listen:
                 addr, port = t.local_ep
                 st.bind.append(f"tcpbind {slot} {_hex(t.local)}")

@@ -36,6 +36,7 @@
  *                                  C binds C_ADDR, connects to C_PEER; the
  *                                  accepted end is S
  *   sockbuf SLOT SNDBUF RCVBUF     widen buffers before a large queue goes back
+ *   sockopts SLOT FILE OFF COUNT   ck_sockopt records (native/common/sockopts.h) set again
  *   proc PID PPID PGID SID DIR     zombie PID PPID PGID SID WSTATUS
  */
 #include "restorer.h"
@@ -46,6 +47,8 @@
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+
+#include "../common/sockopts.h"
 
 #ifndef F_SETPIPE_SZ
 #define F_SETPIPE_SZ 1031
@@ -603,6 +606,27 @@ static void op_repairoff(const struct line *l)
     set_repair(fd, TCP_REPAIR, &off, sizeof(off), "TCP_REPAIR off");
 }
 
+/* sockopts SLOT FILE OFF COUNT: ck_sockopt records, only options the table names */
+static void op_sockopts(const struct line *l)
+{
+    int fd = slot_fd(l, 1);
+    long in = open_data(l, 2);
+    uint64_t off = num(l, 3), n = num(l, 4);
+    if (n > 4 * CK_NSOCKOPTS)
+        rst_fail("corrupt restore plan: too many socket options", 0, 0);
+    for (uint64_t i = 0; i < n; i++) {
+        struct ck_sockopt o;
+        rst_pread_all((int)in, &o, sizeof(o), off + i * sizeof(o), "saved socket options are truncated");
+        const struct ck_sockopt_def *d = ck_sockopt_find(o.level, o.name);
+        if (!d || o.len > d->size || o.len > sizeof(o.val))
+            rst_fail("corrupt image: a socket option ckptd does not save", 0, 0);
+        long rc = ck_setsockopt(fd, o.level, o.name, o.val, o.len);
+        if (rc < 0)
+            rst_fail("cannot set a socket option again", d->what, rc);
+    }
+    ck_close((int)in);
+}
+
 static void op_sockbuf(const struct line *l)
 {
     int fd = slot_fd(l, 1);
@@ -711,6 +735,8 @@ static void build_objects(char *buf, uint64_t size)
             op_repairoff(&l);
         } else if (!ck_strcmp(op, "tcpopts")) {
             tcp_socket_opts(slot_fd(&l, 1), (uint32_t)num(&l, 2));
+        } else if (!ck_strcmp(op, "sockopts")) {
+            op_sockopts(&l);
         } else if (!ck_strcmp(op, "sockbuf")) {
             op_sockbuf(&l);
         } else if (ck_strcmp(op, "proc") && ck_strcmp(op, "zombie")) {

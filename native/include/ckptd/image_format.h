@@ -248,6 +248,12 @@ struct ck_fd {
     uint32_t pad1;
     uint64_t sendq_off;         /* the whole send queue in BLOB: sent-not-acked, then unsent */
     uint64_t sendq_len;
+    /* CK_FD_UNIX, CK_FD_TCP: the options of native/common/sockopts.h as
+       read (linger, keepalive timers, timeouts...), nsockopts ck_sockopt
+       records in BLOB, set again on the new socket by the restore plan */
+    uint64_t sockopt_off;
+    uint32_t nsockopts;
+    uint32_t pad2;
 };
 
 struct ck_epoll_target {
@@ -261,6 +267,15 @@ struct ck_epoll_target {
        file at tfd for the EPOLL_CTL_ADD, then puts back what tfd holds */
     int32_t holder;
     uint32_t pad;
+};
+
+/* one socket option's value as getsockopt returned it (in BLOB) */
+struct ck_sockopt {
+    int32_t level;
+    int32_t name;
+    uint32_t len;               /* bytes of val used */
+    uint32_t pad;
+    uint8_t val[16];            /* the largest: a struct timeval, a congestion control name */
 };
 
 /* rt_sigaction's kernel layout, one per signal 1..64 (index sig-1) */
