@@ -42,6 +42,7 @@ import os
 import pwd
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -332,10 +333,15 @@ def restore_job(
             # (lazily: while the job runs, below)
             if not lazy:
                 check_pending(verified.pending, checked.add)
-            conns = _wait_restored(job, inc.generation, {int(p["pid"]) for p in procs}, deadline)
+            status_dir = Path(inc.status_dir or inc.runtime_dir)
+
+            def failed() -> str:
+                with job.owner_files():  # the restorer wrote them, as the job's owner
+                    return _restore_failure(status_dir)
+
+            conns = _wait_restored(job, inc.generation, {int(p["pid"]) for p in procs}, deadline, failed)
         if conns is None:
-            with job.owner_files():  # the restorer wrote them, as the job's owner
-                failure = _restore_failure(Path(inc.status_dir or inc.runtime_dir))
+            failure = failed()
             reason = failure or job.message or "the restorer did not report back in time"
             raise CkptdError(Code.FAILED_PRECONDITION, f"restart of job {job.name} from {name} failed: {reason}")
         if lazy:
@@ -436,10 +442,14 @@ def _restore_failure(runtime_dir: Path) -> str:
     return "; ".join(reasons)
 
 
-def _wait_restored(job: JobRuntime, generation: int, pids: set[int], deadline: float) -> list[ShimConnection] | None:
-    """The restored shims of every process in `pids` (ids in the job), or None."""
-    with job.cond:
-        while True:
+def _wait_restored(
+    job: JobRuntime, generation: int, pids: set[int], deadline: float, failed: Callable[[], str]
+) -> list[ShimConnection] | None:
+    """The restored shims of every process in `pids` (ids in the job), or None:
+    at the deadline, or as soon as one restorer reported a failure (the
+    others stay parked, waiting for it: without this, until the deadline)."""
+    while True:
+        with job.cond:
             found = {c.pid: c for c in job.shims.values() if c.restored and c.pid in pids}
             if len(found) == len(pids):
                 return [found[p] for p in sorted(pids)]
@@ -449,3 +459,5 @@ def _wait_restored(job: JobRuntime, generation: int, pids: set[int], deadline: f
             if left <= 0:
                 return None
             job.cond.wait(min(left, 0.5))
+        if failed():
+            return None
