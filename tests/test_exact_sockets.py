@@ -8,9 +8,12 @@ kills it and restarts it.
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import pytest
 from conftest import Ckptd, compile_workload, exact_round_trip
-from test_bad_input import assert_refused
+from test_bad_input import assert_refused, one_line_error
 
 STEPS = "30"
 
@@ -47,3 +50,21 @@ def test_removed_open_directory_is_refused(ckptd: Ckptd, exe: str) -> None:
     ckptd.launch("rd", [exe, "600", "rmdir"])
     ckptd.wait_log("rd", r"^step 2 ok")
     assert_refused(ckptd, "rd", "directory", "removed", "ckptd-rmdir-")
+
+
+def test_restorer_failing_in_a_child_fails_the_restart_at_once(ckptd: Ckptd, exe: str, tmp_path: Path) -> None:
+    """A restorer that fails in a process other than the first (here: the
+    directory it had open is gone) fails the restart at once: the others,
+    parked, wait for it, and the agent waited for its deadline, a minute."""
+    data = tmp_path / "input"
+    data.mkdir()
+    ckptd.launch("child", ["/bin/sh", "-c", f"{exe} 600 dir {data}; true"])
+    ckptd.wait_log("child", r"^step 2 ok")
+    ckptd.checkpoint("child")
+    ckptd.kill9("child")
+    data.rmdir()
+    started = time.monotonic()
+    p = ckptd.ctl("restart", "child", check=False)
+    assert p.returncode != 0
+    one_line_error(p, "cannot reopen a directory", str(data))
+    assert time.monotonic() - started < 20

@@ -32,6 +32,8 @@ static void place(int tmp, const struct ck_fd *f)
     long rc = ck_dup3(tmp, f->fd, (f->fd_flags & FD_CLOEXEC) ? O_CLOEXEC : 0);
     if (rc < 0)
         rst_fail("cannot put a descriptor in place", 0, rc);
+    if (f->open_flags & O_PATH)
+        return;  /* F_SETFL fails on O_PATH (and it has no status flags to set) */
     rc = ck_fcntl(f->fd, F_SETFL, (long)(f->open_flags & SETFL_MASK));
     if (rc < 0)
         rst_fail("cannot restore a descriptor's status flags", 0, rc);
@@ -81,6 +83,15 @@ void rst_restore_fds(const struct rst_image *im)
         case CK_FD_DIR:
             tmp = scratch_fd(ck_open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0), "cannot reopen a directory", path);
             break;
+        case CK_FD_OPATH: {
+            int flags = O_PATH | (int)(f->open_flags & (O_NOFOLLOW | O_DIRECTORY)) | O_CLOEXEC;
+            tmp = scratch_fd(ck_open(path, flags, 0), "cannot reopen an O_PATH descriptor", path);
+            struct stat st;
+            long rc = ck_fstat(tmp, &st);
+            if (rc < 0 || st.st_ino != f->ino || st.st_dev != f->dev)
+                rst_fail("an O_PATH descriptor's path leads to another file now", path, rc);
+            break;
+        }
         case CK_FD_CHR:
             tmp = scratch_fd(ck_open(path, (int)(f->open_flags & O_ACCMODE) | O_CLOEXEC, 0), "cannot reopen a device", path);
             break;

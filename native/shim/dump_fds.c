@@ -123,6 +123,13 @@ static int classify(struct ck_image *im, struct ck_fd *f, const char *target, co
                     char *info, size_t infocap)
 {
     int fd = f->fd;
+    if (f->open_flags & O_PATH) {
+        /* a place in the file system, whatever is there: reopened by path */
+        if (target[0] != '/' || ck_endswith(target, " (deleted)"))
+            return ck_fail_fd(im, fd, "O_PATH descriptor of a removed file", target);
+        f->type = CK_FD_OPATH;
+        return 0;
+    }
     switch (st->st_mode & S_IFMT) {
     case S_IFREG:
         if (ck_endswith(target, " (deleted)")) {
@@ -140,6 +147,8 @@ static int classify(struct ck_image *im, struct ck_fd *f, const char *target, co
             f->flags |= CK_FDF_WRITTEN;
         return 0;
     case S_IFDIR:
+        if (ck_endswith(target, " (deleted)"))
+            return ck_fail_fd(im, fd, "directory that was removed: ckptd cannot restore it yet", target);
         f->type = CK_FD_DIR;
         return 0;
     case S_IFCHR:

@@ -10,6 +10,7 @@
  *   exact_sockets STEPS sockopts    TCP and Unix socket options (getsockopt)
  *   exact_sockets STEPS opath       O_PATH descriptors of a file and a directory
  *   exact_sockets STEPS rmdir       an open directory that was removed
+ *   exact_sockets STEPS dir PATH    the directory PATH open (the test removes it)
  */
 #define _GNU_SOURCE
 #include "state_check.h"
@@ -384,6 +385,15 @@ static void rmdir_check(int step)
     CHECK(fstat(rd, &st) == 0 && st.st_nlink == 0, "removed directory");
 }
 
+static int rf;
+
+static void file_check(int step)
+{
+    (void)step;
+    struct stat st;
+    CHECK(fstat(rf, &st) == 0 && S_ISDIR(st.st_mode), "fstat");
+}
+
 int main(int argc, char **argv)
 {
     mode = argc > 2 ? argv[2] : "epoll";
@@ -403,6 +413,9 @@ int main(int argc, char **argv)
     } else if (!strcmp(mode, "rmdir")) {
         rmdir_setup();
         check = rmdir_check;
+    } else if (!strcmp(mode, "dir") && argc > 3) {
+        CHECK((rf = open(argv[3], O_RDONLY | O_DIRECTORY)) >= 0, "open %s", argv[3]);
+        check = file_check;
     } else {
         CHECK(0, "unknown mode %s", mode);
     }

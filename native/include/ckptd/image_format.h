@@ -170,6 +170,7 @@ struct ck_page_source {
 #define CK_FD_UNIX 9             /* Unix domain socket: recreated by the restore plan */
 #define CK_FD_SHMEM 10           /* memfd or deleted tmpfs file: contents in files/shm-<ino>.data */
 #define CK_FD_TCP 11             /* TCP socket (IPv4/IPv6): recreated by the restore plan */
+#define CK_FD_OPATH 12           /* O_PATH descriptor of any file kind: reopened by path with O_PATH */
 
 /* ck_fd.sock_opts (CK_FD_TCP): options set again on the new socket */
 #define CK_SOCKOPT_NODELAY 0x1
