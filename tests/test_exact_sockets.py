@@ -15,7 +15,7 @@ import pytest
 from conftest import Ckptd, compile_workload, exact_round_trip
 from test_bad_input import assert_refused, one_line_error
 
-STEPS = "30"
+STEPS = "50"  # 5 s: a checkpoint under load must not outlast the program
 
 
 @pytest.fixture(scope="module")
@@ -29,6 +29,13 @@ def test_epoll_registrations(ckptd: Ckptd, exe: str) -> None:
     armed and disabled, EPOLLEXCLUSIVE and a nested epoll: epoll_wait reports
     the same events with the same data after the restart."""
     exact_round_trip(ckptd, "ep", [exe, STEPS, "epoll"])
+
+
+def test_epoll_set_shared_with_a_child_is_refused(ckptd: Ckptd, exe: str) -> None:
+    """Each process gets its own epoll set back: one shared through fork is refused."""
+    ckptd.launch("epf", [exe, "600", "epollfork"])
+    ckptd.wait_log("epf", r"^step 2 ok")
+    assert_refused(ckptd, "epf", "epoll descriptor", "shared with the parent process", "inherited through fork")
 
 
 def test_two_reuseport_listeners_on_one_port(ckptd: Ckptd, exe: str) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 
 from ckptd.errors import CkptdError, Code
 
-from .core import CoreImage, constant
+from .core import CoreImage, constant, ffi
 from .sockaddr import Endpoint, endpoint, ip_sockaddr, show_endpoint
 
 SOCK_STREAM, SOCK_DGRAM, SOCK_SEQPACKET = 1, 2, 5
@@ -122,9 +122,12 @@ class _Options:
 
 
 def _options_of(p: ProcessImage, fd: Any) -> _Options | None:
-    if not fd.nsockopts:
+    off, count = int(fd.sockopt_off), int(fd.nsockopts)
+    if not count:
         return None
-    return _Options(p.core.path, p.core.blob_file_offset() + int(fd.sockopt_off), int(fd.nsockopts))
+    if off + count * ffi().sizeof("struct ck_sockopt") > len(p.core.blobs["blob"]):
+        raise PlanError(f"{p.label()} fd {int(fd.fd)}: corrupt image (socket options outside its data)")
+    return _Options(p.core.path, p.core.blob_file_offset() + off, count)
 
 
 @dataclass

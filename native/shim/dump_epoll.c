@@ -9,6 +9,12 @@
  * restorer puts the file at tfd for the EPOLL_CTL_ADD (native/restorer/
  * epoll.c).  A registration whose file no descriptor here holds is refused.
  *
+ * An epoll set is one per process at restore: one the parent process
+ * holds too (inherited through fork) is refused.  Only the parent is
+ * checked (pids of other processes in /proc may be the host's): a child
+ * that shares its parent's set finds it, and any pair that fork made is
+ * a parent and a child, unless the one between them closed it.
+ *
  * A disabled EPOLLONESHOT registration (it fired and was not re-armed) has
  * only flag bits left; the restorer gets there the way the kernel does, by
  * letting it fire once, so its file must be ready for something.
@@ -21,6 +27,7 @@
 #include <linux/kcmp.h>
 #include <poll.h>
 #include <sys/epoll.h>
+#include <sys/resource.h>
 
 /* the bits epoll keeps once a oneshot fired (the kernel's EP_PRIVATE_BITS) */
 #define PRIVATE_BITS (EPOLLWAKEUP | EPOLLONESHOT | EPOLLET | EPOLLEXCLUSIVE)
@@ -66,6 +73,24 @@ static int refuse(struct ck_image *im, const struct ck_fd *ep, const struct ck_e
     return ck_image_fail(im, what, 0, 0);
 }
 
+/* the parent's descriptor that is the same open epoll as fd, or -1 */
+static int in_parent(int pid, int fd)
+{
+    int ppid = (int)ck_getppid();
+    struct rlimit lim;
+    if (ppid <= 1 || ck_prlimit(RLIMIT_NOFILE, 0, &lim) < 0)
+        return -1;
+    uint64_t most = lim.rlim_cur < 65536 ? lim.rlim_cur : 65536;
+    for (uint64_t ofd = 0; ofd < most; ofd++) {
+        long rc = ck_kcmp(pid, ppid, KCMP_FILE, fd, (long)ofd);
+        if (rc == 0)
+            return (int)ofd;
+        if (rc < 0 && rc != -EBADF)
+            return -1;  /* not allowed to look (another user): nothing to say */
+    }
+    return -1;
+}
+
 /* once every descriptor is listed: a holder for each registration */
 int ck_dump_epoll_holders(struct ck_image *im)
 {
@@ -74,6 +99,18 @@ int ck_dump_epoll_holders(struct ck_image *im)
         struct ck_fd *ep = ck_table_at(&im->fds, i);
         if (ep->type != CK_FD_EPOLL)
             continue;
+        int shared = in_parent(pid, ep->fd);
+        if (shared >= 0) {
+            char what[200];
+            struct ck_buf b;
+            ck_buf_init(&b, what, sizeof(what));
+            ck_buf_str(&b, "epoll descriptor ");
+            ck_buf_u64(&b, (uint64_t)ep->fd);
+            ck_buf_str(&b, " is shared with the parent process (its descriptor ");
+            ck_buf_u64(&b, (uint64_t)shared);
+            ck_buf_str(&b, ", inherited through fork): ckptd cannot restore an epoll set shared by two processes");
+            return ck_image_fail(im, what, 0, 0);
+        }
         for (uint32_t k = 0; k < ep->nepoll; k++) {
             struct ck_epoll_target *t = ck_table_at(&im->epoll, ep->first_epoll + k);
             /* the kernel names a registration by tfd and its rank among those with that tfd */

@@ -10,6 +10,7 @@
  *   exact_sockets STEPS sockopts    TCP and Unix socket options (getsockopt)
  *   exact_sockets STEPS opath       O_PATH descriptors of a file and a directory
  *   exact_sockets STEPS rmdir       an open directory that was removed
+ *   exact_sockets STEPS epollfork   an epoll set a child shares with its parent
  *   exact_sockets STEPS dir PATH    the directory PATH open (the test removes it)
  */
 #define _GNU_SOURCE
@@ -26,6 +27,7 @@
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static const char *mode;
@@ -413,6 +415,15 @@ int main(int argc, char **argv)
     } else if (!strcmp(mode, "rmdir")) {
         rmdir_setup();
         check = rmdir_check;
+    } else if (!strcmp(mode, "epollfork")) {
+        epoll_setup();
+        if (fork() == 0) { /* the child checks, the parent waits */
+            check = epoll_check;
+        } else {
+            int status;
+            CHECK(wait(&status) > 0 && status == 0, "child");
+            return 0;
+        }
     } else if (!strcmp(mode, "dir") && argc > 3) {
         CHECK((rf = open(argv[3], O_RDONLY | O_DIRECTORY)) >= 0, "open %s", argv[3]);
         check = file_check;
