@@ -40,6 +40,7 @@ import contextlib
 import logging
 import os
 import pwd
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -334,14 +335,12 @@ def restore_job(
             if not lazy:
                 check_pending(verified.pending, checked.add)
             status_dir = Path(inc.status_dir or inc.runtime_dir)
-
-            def failed() -> str:
-                with job.owner_files():  # the restorer wrote them, as the job's owner
-                    return _restore_failure(status_dir)
-
-            conns = _wait_restored(job, inc.generation, {int(p["pid"]) for p in procs}, deadline, failed)
+            conns = _wait_restored(
+                job, inc.generation, {int(p["pid"]) for p in procs}, deadline, lambda: _restore_failed(status_dir)
+            )
         if conns is None:
-            failure = failed()
+            with job.owner_files():  # the restorer wrote them, as the job's owner
+                failure = _restore_failure(status_dir)
             reason = failure or job.message or "the restorer did not report back in time"
             raise CkptdError(Code.FAILED_PRECONDITION, f"restart of job {job.name} from {name} failed: {reason}")
         if lazy:
@@ -442,8 +441,20 @@ def _restore_failure(runtime_dir: Path) -> str:
     return "; ".join(reasons)
 
 
+def _restore_failed(runtime_dir: Path) -> bool:
+    """Whether a restorer wrote a failure (a status file that is not empty).
+    Only sizes, with lstat: reading them is for the job's owner's identity,
+    which cannot be taken in a loop (setgroups changes every thread's)."""
+    for f in runtime_dir.glob("restore-*.status"):
+        with contextlib.suppress(OSError):
+            st = f.lstat()
+            if stat.S_ISREG(st.st_mode) and st.st_size:
+                return True
+    return False
+
+
 def _wait_restored(
-    job: JobRuntime, generation: int, pids: set[int], deadline: float, failed: Callable[[], str]
+    job: JobRuntime, generation: int, pids: set[int], deadline: float, failed: Callable[[], bool]
 ) -> list[ShimConnection] | None:
     """The restored shims of every process in `pids` (ids in the job), or None:
     at the deadline, or as soon as one restorer reported a failure (the
