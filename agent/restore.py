@@ -40,8 +40,10 @@ import contextlib
 import logging
 import os
 import pwd
+import stat
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -333,10 +335,13 @@ def restore_job(
             # (lazily: while the job runs, below)
             if not lazy:
                 check_pending(verified.pending, checked.add)
-            conns = _wait_restored(job, inc.generation, {int(p["pid"]) for p in procs}, deadline)
+            status_dir = Path(inc.status_dir or inc.runtime_dir)
+            conns = _wait_restored(
+                job, inc.generation, {int(p["pid"]) for p in procs}, deadline, lambda: _restore_failed(status_dir)
+            )
         if conns is None:
             with job.owner_files():  # the restorer wrote them, as the job's owner
-                failure = _restore_failure(Path(inc.status_dir or inc.runtime_dir))
+                failure = _restore_failure(status_dir)
             reason = failure or job.message or "the restorer did not report back in time"
             raise CkptdError(Code.FAILED_PRECONDITION, f"restart of job {job.name} from {name} failed: {reason}")
         if lazy:
@@ -441,10 +446,26 @@ def _restore_failure(runtime_dir: Path) -> str:
     return "; ".join(reasons)
 
 
-def _wait_restored(job: JobRuntime, generation: int, pids: set[int], deadline: float) -> list[ShimConnection] | None:
-    """The restored shims of every process in `pids` (ids in the job), or None."""
-    with job.cond:
-        while True:
+def _restore_failed(runtime_dir: Path) -> bool:
+    """Whether a restorer wrote a failure (a status file that is not empty).
+    Only sizes, with lstat: reading them is for the job's owner's identity,
+    which cannot be taken in a loop (setgroups changes every thread's)."""
+    for f in runtime_dir.glob("restore-*.status"):
+        with contextlib.suppress(OSError):
+            st = f.lstat()
+            if stat.S_ISREG(st.st_mode) and st.st_size:
+                return True
+    return False
+
+
+def _wait_restored(
+    job: JobRuntime, generation: int, pids: set[int], deadline: float, failed: Callable[[], bool]
+) -> list[ShimConnection] | None:
+    """The restored shims of every process in `pids` (ids in the job), or None:
+    at the deadline, or as soon as one restorer reported a failure (the
+    others stay parked, waiting for it: without this, until the deadline)."""
+    while True:
+        with job.cond:
             found = {c.pid: c for c in job.shims.values() if c.restored and c.pid in pids}
             if len(found) == len(pids):
                 return [found[p] for p in sorted(pids)]
@@ -454,3 +475,5 @@ def _wait_restored(job: JobRuntime, generation: int, pids: set[int], deadline: f
             if left <= 0:
                 return None
             job.cond.wait(min(left, 0.5))
+        if failed():
+            return None

@@ -35,9 +35,7 @@ def _no_fail(c: Ckptd, job: str) -> None:
 
 
 def test_blocking_calls_see_no_checkpoint_and_no_restart(ckptd: Ckptd, eintr_exe: str) -> None:
-    # no recv thread: a restart does not bring SO_RCVTIMEO back (issue 18,
-    # "Exact or refused"); its resumption is tested below, without a restart
-    argv = [eintr_exe, str(ROUNDS), "--no-recv"]
+    argv = [eintr_exe, str(ROUNDS)]
     plain = run_plain(argv)
     ckptd.launch("ei", argv)
     ckptd.wait_log("ei", r"^round 1 ok")

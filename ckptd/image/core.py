@@ -253,6 +253,7 @@ def _fd_type_name(t: int) -> str:
         "CK_FD_UNIX": "unix socket",
         "CK_FD_SHMEM": "shared memory",
         "CK_FD_TCP": "TCP socket",
+        "CK_FD_OPATH": "O_PATH",
     }
     for const, name in names.items():
         if constant(const) == t:

@@ -23,7 +23,7 @@ from typing import Any
 
 from ckptd.errors import CkptdError, Code
 
-from .core import CoreImage, constant
+from .core import CoreImage, constant, ffi
 from .sockaddr import Endpoint, endpoint, ip_sockaddr, show_endpoint
 
 SOCK_STREAM, SOCK_DGRAM, SOCK_SEQPACKET = 1, 2, 5
@@ -123,6 +123,27 @@ class _Pipe:
 
 
 @dataclass
+class _Options:
+    """A socket's saved options: ck_sockopt records in a core.img (native/common/sockopts.h)."""
+
+    file: Path
+    offset: int
+    count: int
+
+    def line(self, slot: int) -> str:
+        return f"sockopts {slot} {_hex(str(self.file))} {self.offset} {self.count}"
+
+
+def _options_of(p: ProcessImage, fd: Any) -> _Options | None:
+    off, count = int(fd.sockopt_off), int(fd.nsockopts)
+    if not count:
+        return None
+    if off + count * ffi().sizeof("struct ck_sockopt") > len(p.core.blobs["blob"]):
+        raise PlanError(f"{p.label()} fd {int(fd.fd)}: corrupt image (socket options outside its data)")
+    return _Options(p.core.path, p.core.blob_file_offset() + off, count)
+
+
+@dataclass
 class _Socket:
     ino: int
     type: int
@@ -133,6 +154,7 @@ class _Socket:
     backlog: int
     data: _Data | None
     holders: list[tuple[ProcessImage, int]] = field(default_factory=list)
+    options: _Options | None = None
 
 
 def _is_wildcard(addr: bytes) -> bool:
@@ -168,6 +190,7 @@ class _Tcp:
     holders: list[tuple[ProcessImage, int]] = field(default_factory=list)
     # the repair-mode state (None without CAP_NET_ADMIN): rebuilds this end alone
     repair: _Repair | None = None
+    options: _Options | None = None
 
     @property
     def local_ep(self) -> Endpoint:
@@ -311,6 +334,7 @@ class _Planner:
                 shutdown=int(fd.shutdown),
                 backlog=int(fd.backlog),
                 data=None,
+                options=_options_of(p, fd),
             )
             self.sockets[ino] = s
         data = _data_of(p, fd)
@@ -335,6 +359,7 @@ class _Planner:
                 sndbuf=int(fd.sndbuf),
                 data=_data_of(p, fd),
                 unsent=unsent,
+                options=_options_of(p, fd),
             )
             if fd.repair:
                 t.repair = _Repair(
@@ -460,6 +485,9 @@ class _Planner:
             if s.ino in done:
                 continue
             self._plan_socket(s, done, st)
+        for s in self.sockets.values():
+            if s.options and ("unix", s.ino) in self.slots:
+                st.finish.append(s.options.line(self.slots["unix", s.ino]))
 
         self._plan_tcp(st)
 
@@ -526,6 +554,8 @@ class _Planner:
             slot = self.slot("tcp", t.ino)
             st.create.append(f"tcp {slot} {t.ino} {t.family} {t.opts}")
             st.finish.append(f"tcpopts {slot} {t.opts}")
+            if t.options:
+                st.finish.append(t.options.line(slot))
             if t.state == listen:
                 addr, port = t.local_ep
                 st.bind.append(f"tcpbind {slot} {_hex(t.local)}")
@@ -535,10 +565,12 @@ class _Planner:
                 st.bind.append(f"tcpbind {slot} {_hex(t.local)}")
 
         def listener_for(ep: Endpoint) -> int | None:
-            for addr, slot in listeners.get(ep[1], []):
-                if addr == ep[0] or _is_wildcard(addr):
-                    return slot
-            return None
+            found = listeners_for(ep)
+            return found[0] if found else None
+
+        def listeners_for(ep: Endpoint) -> list[int]:
+            # several with SO_REUSEPORT: the kernel may hand a connection to any
+            return [slot for addr, slot in listeners.get(ep[1], []) if addr == ep[0] or _is_wildcard(addr)]
 
         ends = {(t.local_ep, t.peer_ep): t for t in self.tcp.values() if t.state == connected}
         done: set[int] = set()
@@ -570,9 +602,9 @@ class _Planner:
             else:
                 client, server = (t, peer) if t.ino < peer.ino else (peer, t)
             c, s = self.slot("tcp", client.ino), self.slot("tcp", server.ino)
-            lslot = listener_for(server.local_ep)
+            lslots = ",".join(str(slot) for slot in listeners_for(server.local_ep)) or "-1"
             st.connect.append(
-                f"tcppair {c} {s} {-1 if lslot is None else lslot} {server.family} "
+                f"tcppair {c} {s} {lslots} {server.family} "
                 f"{_hex(server.local)} {_hex(client.local)} {_hex(client.peer)}"
             )
             for sender, receiver, ss, rs in ((client, server, c, s), (server, client, s, c)):

@@ -14,7 +14,6 @@
 #include "restorer.h"
 
 #include <errno.h>
-#include <sys/epoll.h>
 
 #ifndef F_SETPIPE_SZ
 #define F_SETPIPE_SZ 1031
@@ -68,6 +67,8 @@ static void place(int tmp, const struct ck_fd *f)
     long rc = ck_dup3(tmp, f->fd, (f->fd_flags & FD_CLOEXEC) ? O_CLOEXEC : 0);
     if (rc < 0)
         rst_fail("cannot put a descriptor in place", 0, rc);
+    if (f->open_flags & O_PATH)
+        return;  /* F_SETFL fails on O_PATH (and it has no status flags to set) */
     rc = ck_fcntl(f->fd, F_SETFL, (long)(f->open_flags & SETFL_MASK));
     if (rc < 0)
         rst_fail("cannot restore a descriptor's status flags", 0, rc);
@@ -126,6 +127,15 @@ void rst_restore_fds(const struct rst_image *im)
         case CK_FD_DIR:
             tmp = scratch_fd(ck_open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0), "cannot reopen a directory", path);
             break;
+        case CK_FD_OPATH: {
+            int flags = O_PATH | (int)(f->open_flags & (O_NOFOLLOW | O_DIRECTORY)) | O_CLOEXEC;
+            tmp = scratch_fd(ck_open(path, flags, 0), "cannot reopen an O_PATH descriptor", path);
+            struct stat st;
+            long rc = ck_fstat(tmp, &st);
+            if (rc < 0 || st.st_ino != f->ino || st.st_dev != f->dev)
+                rst_fail("an O_PATH descriptor's path leads to another file now", path, rc);
+            break;
+        }
         case CK_FD_CHR:
             tmp = scratch_fd(ck_open(path, (int)(f->open_flags & O_ACCMODE) | O_CLOEXEC, 0), "cannot reopen a device", path);
             break;
@@ -193,19 +203,7 @@ void rst_restore_fds(const struct rst_image *im)
         if (rc < 0)
             rst_fail("cannot duplicate a descriptor", 0, rc);
     }
-    for (uint32_t i = 0; i < im->nfds; i++) {
-        const struct ck_fd *f = &im->fds[i];
-        if (f->type != CK_FD_EPOLL)
-            continue;
-        for (uint32_t k = f->first_epoll; k < f->first_epoll + f->nepoll; k++) {
-            struct epoll_event ev;
-            ev.events = im->epoll[k].events;
-            ev.data.u64 = im->epoll[k].data;
-            long rc = ck_epoll_ctl(f->fd, EPOLL_CTL_ADD, im->epoll[k].tfd, &ev);
-            if (rc < 0)
-                rst_fail("cannot restore an epoll registration", 0, rc);
-        }
-    }
+    rst_restore_epolls(im);  /* epoll.c */
     for (int i = 0; i < 3; i++)
         if (rst.stdio_fd[i] >= 0)
             ck_close(rst.stdio_fd[i]);

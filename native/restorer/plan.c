@@ -35,12 +35,13 @@
  *   shutdown SLOT HOW   close SLOT
  *   shm SLOT DEV INO SIZE NAME     shmfill SLOT FILE
  *   tcp SLOT INO FAMILY OPTS       tcpbind SLOT SOCKADDR   tcpopts SLOT OPTS
- *   tcppair C S LISTENER|-1 FAMILY S_ADDR C_ADDR C_PEER
+ *   tcppair C S LISTENERS|-1 FAMILY S_ADDR C_ADDR C_PEER   (LISTENERS: slots, comma-separated)
  *   tcprepair SLOT LOCAL PEER SND_SEQ RCV_SEQ MSS SND_WS RCV_WS TCPI_OPTS TS
  *   repairq SLOT 1|2 FILE OFF LEN   repairoff SLOT WL1 WND MAXWND RCVWND RCVWUP
  *                                  C binds C_ADDR, connects to C_PEER; the
  *                                  accepted end is S
  *   sockbuf SLOT SNDBUF RCVBUF     widen buffers before a large queue goes back
+ *   sockopts SLOT FILE OFF COUNT   ck_sockopt records (native/common/sockopts.h) set again
  *   proc PID PPID PGID SID DIR     zombie PID PPID PGID SID WSTATUS
  *   helper PID SID                 a session or group whose leader had exited:
  *                                  made again by a temporary child of init
@@ -56,8 +57,11 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+
+#include "../common/sockopts.h"
 
 #ifndef F_SETPIPE_SZ
 #define F_SETPIPE_SZ 1031
@@ -487,13 +491,35 @@ static long connect_retry(int fd, const char *addr, size_t len)
     return rc;
 }
 
+/* the job's listeners on the server's port: slots separated by commas */
+#define MAX_LISTENERS 16
+static int listener_slots(const struct line *l, int i, struct pollfd *out)
+{
+    int n = 0;
+    for (const char *p = l->tok[i]; *p && n < MAX_LISTENERS;) {
+        const char *end;
+        uint64_t s = ck_parse_u64(p, 10, &end);
+        if (end == p || s >= (uint64_t)rst.nslots || (*end && *end != ','))
+            rst_fail("corrupt restore plan: bad listener list", l->tok[i], 0);
+        out[n].fd = rst.slot_base + (int)s;
+        out[n].events = POLLIN;
+        out[n++].revents = 0;
+        p = *end ? end + 1 : end;
+    }
+    return n;
+}
+
 /* the connection again: the client end from its old port to the server's
- * old address, the server end accepted there */
+ * old address, the server end accepted there.  With SO_REUSEPORT the
+ * kernel hands the connection to any of the port's listeners: the one
+ * that has it in its queue accepts it. */
 static void op_tcppair(const struct line *l)
 {
     int client = slot_fd(l, 1);
     int temporary = l->tok[3][0] == '-';
     long listener;
+    struct pollfd lst[MAX_LISTENERS];
+    int nlst = 0;
     if (temporary) {
         listener = tcp_socket((int)num(l, 4), 0);
         if (listener < 0)
@@ -503,7 +529,8 @@ static void op_tcppair(const struct line *l)
         if (rc < 0)
             rst_fail("cannot listen on a TCP socket", 0, rc);
     } else {
-        listener = slot_fd(l, 3);
+        nlst = listener_slots(l, 3, lst);
+        listener = lst[0].fd;
     }
     char local[128], peer[128];
     size_t nlocal = unhex(l, 6, local, sizeof(local)), npeer = unhex(l, 7, peer, sizeof(peer));
@@ -521,6 +548,19 @@ static void op_tcppair(const struct line *l)
     }
     if (rc < 0)
         rst_fail("cannot connect a TCP connection again", 0, rc);
+    if (nlst > 1) {
+        struct timespec ts = {10, 0};
+        do
+            rc = ck_sc5(SYS_ppoll, lst, nlst, &ts, 0, 8);
+        while (rc == -EINTR);
+        if (rc <= 0)
+            rst_fail("cannot accept a TCP connection again (no listener has it)", 0, rc);
+        for (int i = 0; i < nlst; i++)
+            if (lst[i].revents & POLLIN) {
+                listener = lst[i].fd;
+                break;
+            }
+    }
     long server;
     do
         server = ck_accept4((int)listener, SOCK_CLOEXEC);
@@ -616,6 +656,27 @@ static void op_repairoff(const struct line *l)
     set_repair(fd, TCP_REPAIR, &off, sizeof(off), "TCP_REPAIR off");
 }
 
+/* sockopts SLOT FILE OFF COUNT: ck_sockopt records, only options the table names */
+static void op_sockopts(const struct line *l)
+{
+    int fd = slot_fd(l, 1);
+    long in = open_data(l, 2);
+    uint64_t off = num(l, 3), n = num(l, 4);
+    if (n > 4 * CK_NSOCKOPTS)
+        rst_fail("corrupt restore plan: too many socket options", 0, 0);
+    for (uint64_t i = 0; i < n; i++) {
+        struct ck_sockopt o;
+        rst_pread_all((int)in, &o, sizeof(o), off + i * sizeof(o), "saved socket options are truncated");
+        const struct ck_sockopt_def *d = ck_sockopt_find(o.level, o.name);
+        if (!d || o.len > d->size || o.len > sizeof(o.val))
+            rst_fail("corrupt image: a socket option ckptd does not save", 0, 0);
+        long rc = ck_setsockopt(fd, o.level, o.name, o.val, o.len);
+        if (rc < 0)
+            rst_fail("cannot set a socket option again", d->what, rc);
+    }
+    ck_close((int)in);
+}
+
 static void op_sockbuf(const struct line *l)
 {
     int fd = slot_fd(l, 1);
@@ -670,9 +731,14 @@ static void build_objects(char *buf, uint64_t size)
         } else if (!ck_strcmp(op, "bind")) {
             op_bind(&l);
         } else if (!ck_strcmp(op, "listen")) {
-            rc = ck_listen(slot_fd(&l, 1), (int)num(&l, 2));
+            int fd = slot_fd(&l, 1), family = 0;
+            unsigned flen = sizeof(family);
+            ck_getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &family, &flen);
+            rc = ck_listen(fd, (int)num(&l, 2));
             if (rc < 0)
-                rst_fail("cannot listen on a Unix socket", 0, rc);
+                rst_fail(family == AF_UNIX ? "cannot listen on a Unix socket"
+                                           : "cannot listen on a TCP socket (is its port taken on this node?)",
+                         0, rc);
         } else if (!ck_strcmp(op, "connect")) {
             struct sockaddr_un sa;
             int salen = sun_addr(&l, 2, &sa);
@@ -719,6 +785,8 @@ static void build_objects(char *buf, uint64_t size)
             op_repairoff(&l);
         } else if (!ck_strcmp(op, "tcpopts")) {
             tcp_socket_opts(slot_fd(&l, 1), (uint32_t)num(&l, 2));
+        } else if (!ck_strcmp(op, "sockopts")) {
+            op_sockopts(&l);
         } else if (!ck_strcmp(op, "sockbuf")) {
             op_sockbuf(&l);
         } else if (!ck_strcmp(op, "file") || !ck_strcmp(op, "fileshm")) {

@@ -186,6 +186,7 @@ long rst_tcp_clear_time_wait(const void *addr, size_t len);
 /* fds.c */
 void rst_restore_fds(const struct rst_image *im);
 void rst_restore_fd_owners(const struct rst_image *im);  /* once the threads exist */
+void rst_restore_epolls(const struct rst_image *im);  /* epoll.c: once every descriptor is back */
 
 /* proc.c */
 void rst_restore_limits(const struct rst_image *im);

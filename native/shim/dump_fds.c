@@ -108,33 +108,6 @@ static uint64_t fdinfo_value(const char *text, const char *key, int base)
     return 0;
 }
 
-static int dump_epoll(struct ck_image *im, struct ck_fd *f, const char *info)
-{
-    f->first_epoll = (uint32_t)im->epoll.count;
-    /* lines: "tfd:        5 events:       19 data:                5  pos:..." */
-    for (const char *p = info; *p;) {
-        if (ck_startswith(p, "tfd:")) {
-            const char *q = ck_skip_spaces(p + 4);
-            struct ck_epoll_target *t = ck_table_push(&im->epoll);
-            if (!t)
-                return ck_image_fail(im, "too many epoll registrations", 0, 0);
-            t->tfd = (int32_t)ck_parse_u64(q, 10, &q);
-            q = ck_skip_spaces(q);
-            if (ck_startswith(q, "events:"))
-                t->events = (uint32_t)ck_parse_u64(ck_skip_spaces(q + 7), 16, &q);
-            q = ck_skip_spaces(q);
-            if (ck_startswith(q, "data:"))
-                t->data = ck_parse_u64(ck_skip_spaces(q + 5), 16, &q);
-            f->nepoll++;
-        }
-        while (*p && *p != '\n')
-            p++;
-        if (*p)
-            p++;
-    }
-    return 0;
-}
-
 /* a deleted file or memfd on tmpfs: its contents can be saved and recreated */
 static int is_shmem(int fd)
 {
@@ -150,6 +123,13 @@ static int classify(struct ck_image *im, struct ck_fd *f, const char *target, co
                     char *info, size_t infocap)
 {
     int fd = f->fd;
+    if (f->open_flags & O_PATH) {
+        /* a place in the file system, whatever is there: reopened by path */
+        if (target[0] != '/' || ck_endswith(target, " (deleted)"))
+            return ck_fail_fd(im, fd, "O_PATH descriptor of a removed file", target);
+        f->type = CK_FD_OPATH;
+        return 0;
+    }
     switch (st->st_mode & S_IFMT) {
     case S_IFREG:
         if (ck_endswith(target, " (deleted)")) {
@@ -167,6 +147,8 @@ static int classify(struct ck_image *im, struct ck_fd *f, const char *target, co
             f->flags |= CK_FDF_WRITTEN;
         return 0;
     case S_IFDIR:
+        if (ck_endswith(target, " (deleted)"))
+            return ck_fail_fd(im, fd, "directory that was removed: ckptd cannot restore it yet", target);
         f->type = CK_FD_DIR;
         return 0;
     case S_IFCHR:
@@ -213,7 +195,7 @@ static int classify(struct ck_image *im, struct ck_fd *f, const char *target, co
         return 0;
     }
     f->type = CK_FD_EPOLL;
-    return dump_epoll(im, f, info);
+    return ck_dump_epoll(im, f, info);
 }
 
 /* the n-th whitespace-separated word of a line (n from 0), or 0 */
@@ -385,7 +367,7 @@ int ck_dump_fds(struct ck_image *im)
     if (im->diag_fd >= 0)
         ck_close(im->diag_fd);
     im->diag_fd = -1;
-    if (rc)
+    if (rc || (rc = ck_dump_epoll_holders(im)) < 0)
         return rc;
 
     /* a pipe's buffered bytes, once per pipe, from its first read end here;

@@ -25,6 +25,9 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <netinet/tcp.h>
+
+#include "../common/sockopts.h"
 
 #define PEEK_BUF (4u << 20)     /* the largest datagram we expect (wmem_max) */
 #define TCP_ESTABLISHED_ 1
@@ -236,6 +239,8 @@ int ck_dump_socket(struct ck_image *im, struct ck_fd *f, int nl, const char *tar
         return ck_image_fail(im, "cannot describe a Unix socket (NETLINK_SOCK_DIAG)", target, rc);
     f->type = CK_FD_UNIX;
     f->sock_type = (uint32_t)type;
+    if (ck_dump_sockopts(im, f, fd, CK_SO_UNIX) < 0)
+        return -1;
     f->peer_ino = di.peer;
     f->shutdown = di.shutdown;
     if (di.name_len) {

@@ -33,6 +33,8 @@
 #include <netinet/tcp.h>
 #include <sys/socket.h>
 
+#include "../common/sockopts.h"
+
 #define MAX_SNDQ (64u << 20)
 
 static const char *const state_names[] = {
@@ -269,6 +271,8 @@ int ck_dump_tcp(struct ck_image *im, struct ck_fd *f, int family, const char *ta
                    (opt_on(fd, SOL_SOCKET, SO_REUSEADDR) ? CK_SOCKOPT_REUSEADDR : 0) |
                    (opt_on(fd, SOL_SOCKET, SO_REUSEPORT) ? CK_SOCKOPT_REUSEPORT : 0) |
                    (family == AF_INET6 && opt_on(fd, IPPROTO_IPV6, IPV6_V6ONLY) ? CK_SOCKOPT_V6ONLY : 0);
+    if (ck_dump_sockopts(im, f, fd, family == AF_INET6 ? CK_SO_TCP6 : CK_SO_TCP4) < 0)
+        return -1;
     f->rcvbuf = opt_u32(fd, SOL_SOCKET, SO_RCVBUF);
     f->sndbuf = opt_u32(fd, SOL_SOCKET, SO_SNDBUF);
     f->name_off = save_addr(im, fd, 0, &f->name_len);

@@ -213,6 +213,14 @@ int ck_dump_memory(struct ck_image *im, uint64_t *pages_bytes, uint64_t *files_b
 int ck_dump_fds(struct ck_image *im) CK_HIDDEN;
 int ck_fail_fd(struct ck_image *im, int fd, const char *why, const char *target) CK_HIDDEN;
 
+/* ---- dump_epoll.c ---- */
+int ck_dump_epoll(struct ck_image *im, struct ck_fd *f, const char *fdinfo) CK_HIDDEN;
+int ck_dump_epoll_holders(struct ck_image *im) CK_HIDDEN;
+
+/* ---- dump_sockopts.c ---- */
+/* kind: CK_SO_UNIX, CK_SO_TCP4 or CK_SO_TCP6 (native/common/sockopts.h) */
+int ck_dump_sockopts(struct ck_image *im, struct ck_fd *f, int fd, unsigned kind) CK_HIDDEN;
+
 /* ---- dump_sockets.c ---- */
 int ck_sock_diag_open(void) CK_HIDDEN;
 int ck_dump_socket(struct ck_image *im, struct ck_fd *f, int diag_fd, const char *target) CK_HIDDEN;

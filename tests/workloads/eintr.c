@@ -11,8 +11,7 @@
  * the count on stderr at the end ("control: N interrupted"), proof that the
  * checkpoints did interrupt blocking calls.
  *
- * usage: eintr ROUNDS [--no-recv]
- * (--no-recv: no recv thread; a restart does not bring SO_RCVTIMEO back yet)
+ * usage: eintr ROUNDS
  *
  * eintr --same-instant (under ckptd only): ckptd's quiesce signal alone
  * must not end a ppoll; with SIGUSR1 in the same instant it must (EINTR).
@@ -293,8 +292,6 @@ static void *control(void *arg)
 int main(int argc, char **argv)
 {
     rounds = argc > 1 ? atoi(argv[1]) : 10;
-    if (argc > 2 && !strcmp(argv[2], "--no-recv"))
-        ncalls--; /* recv is the last one */
     sigset_t s;
     sigemptyset(&s);
     sigaddset(&s, SIGUSR1);

@@ -170,6 +170,7 @@ struct ck_page_source {
 #define CK_FD_UNIX 9             /* Unix domain socket: recreated by the restore plan */
 #define CK_FD_SHMEM 10           /* memfd or deleted tmpfs file: contents in files/shm-<ino>.data */
 #define CK_FD_TCP 11             /* TCP socket (IPv4/IPv6): recreated by the restore plan */
+#define CK_FD_OPATH 12           /* O_PATH descriptor of any file kind: reopened by path with O_PATH */
 
 /* ck_fd.sock_opts (CK_FD_TCP): options set again on the new socket */
 #define CK_SOCKOPT_NODELAY 0x1
@@ -257,6 +258,12 @@ struct ck_fd {
        flock and OFD locks of its description, POSIX locks of this process */
     uint32_t nlocks;
     uint64_t locks_off;         /* nlocks struct ck_file_lock in BLOB */
+    /* CK_FD_UNIX, CK_FD_TCP: the options of native/common/sockopts.h as
+       read (linger, keepalive timers, timeouts...), nsockopts ck_sockopt
+       records in BLOB, set again on the new socket by the restore plan */
+    uint64_t sockopt_off;
+    uint32_t nsockopts;
+    uint32_t pad2;
 };
 
 /* ck_file_lock.kind */
@@ -273,9 +280,25 @@ struct ck_file_lock {
 };
 
 struct ck_epoll_target {
-    int32_t tfd;
-    uint32_t events;
+    int32_t tfd;                /* the descriptor number it was registered under */
+    uint32_t events;            /* as the kernel keeps them: EPOLLERR|EPOLLHUP added,
+                                   only the flag bits left once EPOLLONESHOT fired */
     uint64_t data;
+    /* a descriptor of the registered file in this process: tfd, or another
+       one when tfd was closed (and maybe reused) after the registration;
+       epoll knows a registration by (file, number), so the restore puts the
+       file at tfd for the EPOLL_CTL_ADD, then puts back what tfd holds */
+    int32_t holder;
+    uint32_t pad;
+};
+
+/* one socket option's value as getsockopt returned it (in BLOB) */
+struct ck_sockopt {
+    int32_t level;
+    int32_t name;
+    uint32_t len;               /* bytes of val used */
+    uint32_t pad;
+    uint8_t val[16];            /* the largest: a struct timeval, a congestion control name */
 };
 
 /* rt_sigaction's kernel layout, one per signal 1..64 (index sig-1) */

@@ -1,0 +1,77 @@
+"""Sockets and odd descriptors come back exactly, or the checkpoint is refused
+(issue 18, "Exact or refused").
+
+tests/workloads/exact_sockets.c sets the state up and checks it from inside
+at every step (state_check.h); conftest.exact_round_trip checkpoints it,
+kills it and restarts it.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from conftest import Ckptd, compile_workload, exact_round_trip
+from test_bad_input import assert_refused, one_line_error
+
+STEPS = "50"  # 5 s: a checkpoint under load must not outlast the program
+
+
+@pytest.fixture(scope="module")
+def exe(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return compile_workload(tmp_path_factory, "exact_sockets")
+
+
+def test_epoll_registrations(ckptd: Ckptd, exe: str) -> None:
+    """One file through two descriptors, a registration whose descriptor number
+    was closed and given to another registered file, EPOLLET, EPOLLONESHOT
+    armed and disabled, EPOLLEXCLUSIVE and a nested epoll: epoll_wait reports
+    the same events with the same data after the restart."""
+    exact_round_trip(ckptd, "ep", [exe, STEPS, "epoll"])
+
+
+def test_epoll_set_shared_with_a_child_is_refused(ckptd: Ckptd, exe: str) -> None:
+    """Each process gets its own epoll set back: one shared through fork is refused."""
+    ckptd.launch("epf", [exe, "600", "epollfork"])
+    ckptd.wait_log("epf", r"^step 2 ok")
+    assert_refused(ckptd, "epf", "epoll descriptor", "shared with the parent process", "inherited through fork")
+
+
+def test_two_reuseport_listeners_on_one_port(ckptd: Ckptd, exe: str) -> None:
+    exact_round_trip(ckptd, "rp", [exe, STEPS, "reuseport"])
+
+
+def test_socket_options(ckptd: Ckptd, exe: str) -> None:
+    """SO_LINGER, keepalive timers, TCP_USER_TIMEOUT, TCP_CONGESTION, SO_PRIORITY,
+    IP_TOS, SO_RCVLOWAT, SO_RCVTIMEO and SO_SNDTIMEO on a TCP listener, both
+    ends of a connection and a Unix socket pair, read back with getsockopt."""
+    exact_round_trip(ckptd, "so", [exe, STEPS, "sockopts"])
+
+
+def test_o_path_descriptors(ckptd: Ckptd, exe: str) -> None:
+    exact_round_trip(ckptd, "op", [exe, STEPS, "opath"])
+
+
+def test_removed_open_directory_is_refused(ckptd: Ckptd, exe: str) -> None:
+    ckptd.launch("rd", [exe, "600", "rmdir"])
+    ckptd.wait_log("rd", r"^step 2 ok")
+    assert_refused(ckptd, "rd", "directory", "removed", "ckptd-rmdir-")
+
+
+def test_restorer_failing_in_a_child_fails_the_restart_at_once(ckptd: Ckptd, exe: str, tmp_path: Path) -> None:
+    """A restorer that fails in a process other than the first (here: the
+    directory it had open is gone) fails the restart at once: the others,
+    parked, wait for it, and the agent waited for its deadline, a minute."""
+    data = tmp_path / "input"
+    data.mkdir()
+    ckptd.launch("child", ["/bin/sh", "-c", f"{exe} 600 dir {data}; true"])
+    ckptd.wait_log("child", r"^step 2 ok")
+    ckptd.checkpoint("child")
+    ckptd.kill9("child")
+    data.rmdir()
+    started = time.monotonic()
+    p = ckptd.ctl("restart", "child", check=False)
+    assert p.returncode != 0
+    one_line_error(p, "cannot reopen a directory", str(data))
+    assert time.monotonic() - started < 20
