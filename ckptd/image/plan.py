@@ -209,9 +209,14 @@ class _Tcp:
 class _Shm:
     dev: int
     ino: int
-    size: int
+    size: int  # the largest end of a mapping of it, where no descriptor says its size
     name: str
     fill: Path | None = None
+    file_size: int | None = None  # its size, from a descriptor of it (a mapping may go past the end)
+
+    @property
+    def exact_size(self) -> int:
+        return self.size if self.file_size is None else self.file_size
 
 
 @dataclass
@@ -253,7 +258,8 @@ def _kernel_specials() -> set[str]:
 
 def _shm_name(path: str) -> str:
     name = path.removesuffix(" (deleted)")
-    name = name.removeprefix("/memfd:")
+    if name.startswith("/memfd:"):
+        return name.removeprefix("/memfd:")  # exactly, empty or with a '/' in it
     return os.path.basename(name) or "ckptd-shm"
 
 
@@ -293,7 +299,7 @@ class _Planner:
                 elif fd.type == constant("CK_FD_SHMEM"):
                     key = (int(fd.dev), int(fd.ino))
                     obj = self.shm.setdefault(key, _Shm(key[0], key[1], 0, _shm_name(p.core.string(fd.path))))
-                    obj.size = max(obj.size, int(fd.size))
+                    obj.file_size = int(fd.size)
                     saved = p.dir / "files" / f"shm-{int(fd.ino)}.data"
                     if obj.fill is None:
                         obj.fill = saved
@@ -493,7 +499,7 @@ class _Planner:
 
         for obj in self.shm.values():
             slot = self.slot("shm", obj.ino)
-            st.create.append(f"shm {slot} {obj.dev} {obj.ino} {obj.size} {_hex(obj.name)}")
+            st.create.append(f"shm {slot} {obj.dev} {obj.ino} {obj.exact_size} {_hex(obj.name)}")
             if obj.fill is not None:
                 st.data.append(f"shmfill {slot} {_hex(str(obj.fill))}")
 

@@ -15,7 +15,8 @@ static uint32_t parse_vmflags(const char *s)
         {"dd", CK_VMF_DONTDUMP}, {"mg", CK_VMF_MERGEABLE}, {"rr", CK_VMF_RANDOM},
         {"sr", CK_VMF_SEQ}, {"lo", CK_VMF_LOCKED}, {"io", CK_VMF_IO},
         {"pf", CK_VMF_PFNMAP}, {"ss", CK_VMF_SHADOWSTACK}, {"mw", CK_VMF_MAYWRITE},
-        {"uw", CK_VMF_UFFD_WP},
+        {"uw", CK_VMF_UFFD_WP}, {"lf", CK_VMF_LOCKONFAULT},
+        {"de", CK_VMF_DONTEXPAND},
     };
     uint32_t flags = 0;
     while (*s && *s != '\n') {

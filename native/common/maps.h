@@ -26,6 +26,8 @@
 #define CK_VMF_SHADOWSTACK 0x2000 /* ss */
 #define CK_VMF_MAYWRITE 0x4000 /* mw */
 #define CK_VMF_UFFD_WP 0x8000  /* uw: registered for userfaultfd write-protect */
+#define CK_VMF_LOCKONFAULT 0x10000 /* lf: mlock2(MLOCK_ONFAULT) */
+#define CK_VMF_DONTEXPAND 0x20000  /* de: a special mapping mremap may not grow */
 
 struct ck_map_entry {
     uint64_t start;

@@ -18,6 +18,9 @@
 #ifndef MADV_WIPEONFORK
 #define MADV_WIPEONFORK 18
 #endif
+#ifndef MLOCK_ONFAULT
+#define MLOCK_ONFAULT 1
+#endif
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23
 #endif
@@ -123,7 +126,8 @@ static void fill_pages(const struct rst_image *im, const struct ck_vma *v)
         if (run->vaddr < v->start || run->vaddr + len > v->end)
             rst_fail("corrupt image: page run outside its mapping", 0, 0);
         int fd = run->src ? rst.source_fd[run->src - 1] : rst.pages_fd;
-        if (len >= POPULATE_MIN && !(v->flags & CK_VMA_FILE))
+        /* not a private file or memfd mapping: its other pages must stay the file's */
+        if (len >= POPULATE_MIN && !(v->flags & (CK_VMA_FILE | CK_VMA_SHMEM)))
             (void)ck_madvise((void *)run->vaddr, len, MADV_POPULATE_WRITE);  /* best effort: 5.14+ */
         if (rst.sealed)  /* encrypted: whole chunks read, checked and decrypted */
             rst_seal_read(run->src, (void *)run->vaddr, len, run->offset);
@@ -148,12 +152,46 @@ static void replay_advice(const struct ck_vma *v)
             ck_madvise((void *)v->start, v->end - v->start, table[i].advice);
 }
 
+static void fail_at(const char *what, const struct ck_vma *v, long rc) __attribute__((noreturn));
+static void fail_at(const char *what, const struct ck_vma *v, long rc)
+{
+    char where[32];
+    struct ck_buf b;
+    ck_buf_init(&b, where, sizeof(where));
+    ck_buf_str(&b, "0x");
+    ck_buf_hex(&b, v->start);
+    rst_fail(what, where, rc);
+}
+
+/* A shared mapping without VM_MAYWRITE ("mw": mapped from a descriptor
+ * open read-only, or from a memfd sealed against writing) must not become
+ * writable with mprotect: map it from a read-only open file description of
+ * the same object.  Returns the descriptor, or fd itself. */
+static long read_only_twin(long fd, const char *path)
+{
+    char link[40];
+    struct ck_buf b;
+    ck_buf_init(&b, link, sizeof(link));
+    ck_buf_str(&b, "/proc/self/fd/");
+    ck_buf_u64(&b, (uint64_t)fd);
+    long ro = ck_open(link, O_RDONLY | O_CLOEXEC, 0);
+    if (ro < 0)
+        rst_fail("cannot reopen shared memory read-only", path, ro);
+    ck_close((int)fd);
+    return ro;
+}
+
 static void map_one(const struct rst_image *im, const struct ck_vma *v)
 {
     uint64_t len = v->end - v->start;
     int prot = (int)v->prot;
-    if (v->nruns)
-        prot |= PROT_READ | PROT_WRITE;  /* to fill; final protection below */
+    int shared = (v->flags & CK_VMA_SHARED) != 0;
+    int maywrite = !shared || (v->flags & CK_VMA_MAYWRITE) || (v->prot & PROT_WRITE);
+    /* to fill, writable; final protection below.  A shared object that
+     * may not be written is filled through a mapping of its own first */
+    int fill_first = v->nruns && !maywrite && (v->flags & CK_VMA_SHMEM);
+    if (v->nruns && !fill_first)
+        prot |= PROT_READ | PROT_WRITE;
     int flags = MAP_FIXED_NOREPLACE;
     flags |= (v->flags & CK_VMA_SHARED) ? MAP_SHARED : MAP_PRIVATE;
     if (v->flags & CK_VMA_GROWSDOWN)
@@ -173,7 +211,7 @@ static void map_one(const struct rst_image *im, const struct ck_vma *v)
         pgoff = v->pgoff;
     } else if (v->flags & CK_VMA_FILE) {
         const char *path = rst_str(im, v->path);
-        int acc = ((v->flags & CK_VMA_SHARED) && (v->prot & PROT_WRITE)) ? O_RDWR : O_RDONLY;
+        int acc = (shared && maywrite) ? O_RDWR : O_RDONLY;
         fd = ck_open(path, acc | O_CLOEXEC, 0);
         if (fd < 0)
             rst_fail("cannot open a mapped file", path, fd);
@@ -181,22 +219,27 @@ static void map_one(const struct rst_image *im, const struct ck_vma *v)
     } else {
         flags |= MAP_ANONYMOUS;
     }
+    if (fill_first) {
+        void *t = ck_mmap((void *)v->start, len, PROT_READ | PROT_WRITE, flags, (int)fd, (int64_t)pgoff);
+        if (ck_mmap_failed(t) || (uint64_t)t != v->start)
+            fail_at("cannot map memory back at its address", v, ck_mmap_failed(t) ? (long)t : -EEXIST);
+        fill_pages(im, v);
+        ck_munmap(t, len);
+    }
+    if ((v->flags & CK_VMA_SHMEM) && !maywrite)
+        fd = read_only_twin(fd, rst_str(im, v->path));
     void *p = ck_mmap((void *)v->start, len, prot, flags, (int)fd, (int64_t)pgoff);
     if (fd >= 0)
         ck_close((int)fd);
-    if (ck_mmap_failed(p) || (uint64_t)p != v->start) {
-        char where[32];
-        struct ck_buf b;
-        ck_buf_init(&b, where, sizeof(where));
-        ck_buf_str(&b, "0x");
-        ck_buf_hex(&b, v->start);
-        rst_fail("cannot map memory back at its address", where, ck_mmap_failed(p) ? (long)p : -EEXIST);
-    }
+    if (ck_mmap_failed(p) || (uint64_t)p != v->start)
+        fail_at("cannot map memory back at its address", v, ck_mmap_failed(p) ? (long)p : -EEXIST);
     /* before the fill: memory advised MADV_HUGEPAGE is then filled in huge
      * pages, as the job had it (fewer faults now, a cheap fork for the
      * next checkpoint's writer) */
     replay_advice(v);
-    if (rst.lazy_uffd >= 0 && rst_vma_lazy(im, v))
+    if (fill_first)
+        ;  /* filled above */
+    else if (rst.lazy_uffd >= 0 && rst_vma_lazy(im, v))
         rst_lazy_register(v);  /* the pager fills it once the job runs */
     else
         fill_pages(im, v);
@@ -205,8 +248,10 @@ static void map_one(const struct rst_image *im, const struct ck_vma *v)
         if (rc < 0)
             rst_fail("cannot restore memory protection", 0, rc);
     }
-    if (v->flags & CK_VMA_LOCKED)
-        ck_sc2(SYS_mlock, v->start, len);  /* best effort: RLIMIT_MEMLOCK may refuse */
+    if ((v->flags & CK_VMA_LOCKED) && (v->madv & CK_MADV_LOCKONFAULT))
+        ck_sc3(SYS_mlock2, v->start, len, MLOCK_ONFAULT);  /* best effort: RLIMIT_MEMLOCK may refuse */
+    else if (v->flags & CK_VMA_LOCKED)
+        ck_sc2(SYS_mlock, v->start, len);
 }
 
 void rst_map_image(const struct rst_image *im)
@@ -277,4 +322,13 @@ void rst_set_mm(const struct rst_image *im)
         ck_close((int)exe);
     if (rc < 0)
         rst_fail("cannot restore the process's brk/argv/environment/auxv fields (PR_SET_MM_MAP)", 0, rc);
+    /* membarrier registrations belong to the mm too: each REGISTER command
+     * the process had issued (MEMBARRIER_CMD_GET_REGISTRATIONS' bits) */
+    for (uint64_t cmd = 1; cmd <= 256; cmd <<= 1) {
+        if (!(p->membarrier & cmd))
+            continue;
+        rc = ck_sc3(SYS_membarrier, cmd, 0, 0);
+        if (rc < 0)
+            rst_fail("cannot register for membarrier() again", 0, rc);
+    }
 }

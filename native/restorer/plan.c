@@ -762,7 +762,9 @@ static void build_objects(char *buf, uint64_t size)
         } else if (!ck_strcmp(op, "shm")) {
             char name[256];
             unhex(&l, 5, name, sizeof(name));
-            rc = ck_memfd_create(name[0] ? name : "ckptd-shm", 1 /* MFD_CLOEXEC */);
+            /* the name as the job's memfd had it (empty too); sealable, so
+             * that its seals can be added back once it is filled (fds.c) */
+            rc = ck_memfd_create(name, 1 /* MFD_CLOEXEC */ | 2 /* MFD_ALLOW_SEALING */);
             if (rc >= 0) {
                 long t = ck_ftruncate((int)rc, (int64_t)num(&l, 4));
                 if (t < 0)

@@ -154,6 +154,27 @@ static uint64_t read_xcr0(void)
     return ((uint64_t)hi << 32) | lo;
 }
 
+#define CK_MEMBARRIER_QUERY 0
+#define CK_MEMBARRIER_REGISTER_ALL (4 | 16 | 64 | 256)  /* the MEMBARRIER_CMD_REGISTER_* commands */
+#define CK_MEMBARRIER_GET_REGISTRATIONS 512
+
+/* membarrier registrations live in the mm and die with it: read them to
+ * issue them again at restore.  A kernel before 6.3 cannot say which
+ * there are, so a checkpoint there would lose them without a word. */
+static int dump_membarrier(struct ck_image *im)
+{
+    long reg = ck_sc3(SYS_membarrier, CK_MEMBARRIER_GET_REGISTRATIONS, 0, 0);
+    if (reg >= 0) {
+        im->proc.membarrier = (uint64_t)reg & CK_MEMBARRIER_REGISTER_ALL;
+        return 0;
+    }
+    long cmds = ck_sc3(SYS_membarrier, CK_MEMBARRIER_QUERY, 0, 0);
+    if (cmds < 0 || !(cmds & CK_MEMBARRIER_REGISTER_ALL))
+        return 0;  /* no membarrier, or nothing to register for: nothing to lose */
+    return ck_image_fail(im, "this kernel cannot report membarrier() registrations "
+                             "(MEMBARRIER_CMD_GET_REGISTRATIONS needs Linux 6.3): checkpoint on a newer kernel", 0, reg);
+}
+
 static int dump_proc(struct ck_image *im)
 {
     struct ck_proc *p = &im->proc;
@@ -172,6 +193,8 @@ static int dump_proc(struct ck_image *im)
     p->ckpt_realtime_ns = ck_now_ns(CLOCK_REALTIME);
     p->ckpt_monotonic_ns = ck_now_ns(CLOCK_MONOTONIC);
     ck_prctl(PR_GET_NAME, (unsigned long)p->comm, 0, 0, 0);
+    if (dump_membarrier(im) < 0)
+        return -1;
 
     n = ck_readlink("/proc/self/exe", path, sizeof(path) - 1);
     if (n < 0)

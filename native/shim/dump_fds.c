@@ -13,6 +13,10 @@
 #include <linux/kcmp.h>
 #include <sys/ioctl.h>
 
+#ifndef F_GET_SEALS
+#define F_GET_SEALS 1034
+#endif
+
 #ifndef F_GETPIPE_SZ
 #define F_GETPIPE_SZ 1032
 #define F_SETPIPE_SZ 1031
@@ -137,6 +141,13 @@ static int classify(struct ck_image *im, struct ck_fd *f, const char *target, co
                 return ck_fail_fd(im, fd, "deleted file", target);
             f->type = CK_FD_SHMEM;
             f->pos = (uint64_t)ck_lseek(fd, 0, SEEK_CUR);
+            if (ck_startswith(target, "/memfd:")) {
+                long seals = ck_fcntl(fd, F_GET_SEALS, 0);
+                if (seals < 0)
+                    return ck_image_fail(im, "cannot read a memfd's seals (F_GET_SEALS)", target, seals);
+                f->flags |= CK_FDF_MEMFD;
+                f->seals = (uint32_t)seals;
+            }
             return ck_save_shmem_fd(im, f);
         }
         if (target[0] != '/')

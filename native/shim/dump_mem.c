@@ -370,7 +370,20 @@ static uint32_t madv_bits(uint32_t vmf)
     if (vmf & CK_VMF_MERGEABLE) m |= CK_MADV_MERGEABLE;
     if (vmf & CK_VMF_RANDOM) m |= CK_MADV_RANDOM;
     if (vmf & CK_VMF_SEQ) m |= CK_MADV_SEQUENTIAL;
+    if (vmf & CK_VMF_LOCKONFAULT) m |= CK_MADV_LOCKONFAULT;
     return m;
+}
+
+/* one of this process's descriptors is the shared memory object ino (its
+ * contents and size are saved with it: dump_fds.c runs first) */
+static int holds_shmem(const struct ck_image *im, uint64_t ino)
+{
+    for (uint64_t i = 0; i < im->fds.count; i++) {
+        const struct ck_fd *f = ck_table_at((struct ck_table *)&im->fds, i);
+        if (f->type == CK_FD_SHMEM && f->ino == ino)
+            return 1;
+    }
+    return 0;
 }
 
 static int on_mapping(const struct ck_map_entry *e, void *vctx)
@@ -402,6 +415,8 @@ static int on_mapping(const struct ck_map_entry *e, void *vctx)
         v->flags |= CK_VMA_NORESERVE;
     if (e->vmflags & CK_VMF_LOCKED)
         v->flags |= CK_VMA_LOCKED;
+    if (e->vmflags & CK_VMF_MAYWRITE)
+        v->flags |= CK_VMA_MAYWRITE;
 
     if (ck_arena_contains(e->start, e->end)) {
         v->flags |= CK_VMA_ANON | CK_VMA_NOCONTENT;
@@ -418,6 +433,9 @@ static int on_mapping(const struct ck_map_entry *e, void *vctx)
     }
     if (e->vmflags & (CK_VMF_IO | CK_VMF_PFNMAP))
         return ck_image_fail(im, "device memory is mapped and cannot be saved", path, 0);
+    if (e->vmflags & CK_VMF_DONTEXPAND)  /* only special mappings (a driver's or perf's ring) are made so */
+        return ck_image_fail(im, "a special mapping (VmFlags \"de\": a driver's or perf's ring buffer) "
+                                 "cannot be mapped again", path[0] ? path : "anonymous", 0);
     if (!ck_strcmp(path, "[heap]"))
         v->flags |= CK_VMA_HEAP;
     if (!ck_strcmp(path, "[stack]"))
@@ -433,6 +451,17 @@ static int on_mapping(const struct ck_map_entry *e, void *vctx)
         v->ino = e->ino;
         v->path = ck_image_string(im, path);
         return dump_resident(m, e->start, e->end);
+    }
+    /* MAP_PRIVATE of a memfd this process holds: mapped again from the
+     * object the plan recreates, so that the pages it did not copy on write
+     * still show the file; only the copied ones are saved.  (Not held: its
+     * readable pages are saved, as for a deleted file, below.) */
+    if (!e->shared && e->dev_major == 0 && ck_startswith(path, "/memfd:") && holds_shmem(im, e->ino)) {
+        v->flags |= CK_VMA_SHMEM;
+        v->dev = makedev(e->dev_major, e->dev_minor);
+        v->ino = e->ino;
+        v->path = ck_image_string(im, path);
+        return dump_present(m, e->start, e->end, 1);
     }
     int anonymous = path[0] == 0 || path[0] == '[';
     if (anonymous) {

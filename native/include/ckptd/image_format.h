@@ -112,6 +112,9 @@ struct ck_thread {
                                     dev/ino name it, pages hold what was resident */
 #define CK_VMA_TRACKED 0x2000    /* informational: its written pages were tracked
                                     (the unwritten ones may come from earlier images) */
+#define CK_VMA_MAYWRITE 0x4000   /* VM_MAYWRITE ("mw"): a shared mapping may be made
+                                    writable with mprotect; mapped again from a
+                                    descriptor open for writing only then */
 
 /* ck_vma.madv: advice replayed with madvise() */
 #define CK_MADV_HUGEPAGE 0x1
@@ -122,6 +125,7 @@ struct ck_thread {
 #define CK_MADV_MERGEABLE 0x20
 #define CK_MADV_RANDOM 0x40
 #define CK_MADV_SEQUENTIAL 0x80
+#define CK_MADV_LOCKONFAULT 0x100  /* "lf": mlock2(MLOCK_ONFAULT), with CK_VMA_LOCKED */
 
 struct ck_vma {
     uint64_t start;
@@ -190,6 +194,7 @@ struct ck_page_source {
 #define CK_FDF_WRITTEN 0x4       /* regular file open for writing: content saved */
 #define CK_FDF_FIFO 0x8          /* CK_FD_PIPE that is a named FIFO (path) */
 #define CK_FDF_DATA_SAVED 0x10   /* data_off/data_len hold the queued bytes */
+#define CK_FDF_MEMFD 0x20        /* CK_FD_SHMEM made by memfd_create: seals is valid */
 
 struct ck_fd {
     int32_t fd;
@@ -263,7 +268,9 @@ struct ck_fd {
        records in BLOB, set again on the new socket by the restore plan */
     uint64_t sockopt_off;
     uint32_t nsockopts;
-    uint32_t pad2;
+    /* CK_FD_SHMEM with CK_FDF_MEMFD: F_GET_SEALS, added again once the
+       contents are back (F_SEAL_SEAL alone: created without MFD_ALLOW_SEALING) */
+    uint32_t seals;
 };
 
 /* ck_file_lock.kind */
@@ -372,6 +379,9 @@ struct ck_proc {
     char comm[16];
     int64_t ckpt_realtime_ns;
     int64_t ckpt_monotonic_ns;
+    /* MEMBARRIER_CMD_GET_REGISTRATIONS: the MEMBARRIER_CMD_REGISTER_* commands
+       the process issued, issued again by the restorer (per mm, lost with it) */
+    uint64_t membarrier;
 };
 
 /*
