@@ -12,6 +12,7 @@
 
 #include <errno.h>
 #include <sys/prctl.h>
+#include <linux/securebits.h>
 
 /* a few MiB of /proc text at most: stat, status, auxv */
 static char procbuf[65536];
@@ -174,6 +175,81 @@ static int dump_proc(struct ck_image *im)
     if (n < 0)
         return ck_image_fail(im, "cannot read /proc/self/auxv", 0, n);
     im->auxv_len = (size_t)n;
+    return 0;
+}
+
+static int64_t read_proc_int(const char *path, int64_t missing)
+{
+    char buf[32];
+    long n = ck_read_file(path, buf, sizeof(buf) - 1);
+    if (n <= 0)
+        return missing;
+    buf[n] = 0;
+    return ck_parse_i64(buf, 0);
+}
+
+/*
+ * Process-wide attributes the restorer sets again (proc.c), and the ones it
+ * cannot, refused here while the job runs on: a seccomp filter, securebits
+ * other than keep-caps, threads with different supplementary groups, an
+ * rseq registration the shim cannot identify, dumpable mode 2.
+ */
+static int dump_attrs(struct ck_image *im)
+{
+    struct ck_proc *p = &im->proc;
+    char path[64], status[4096], self_groups[1024];
+    struct ck_buf b;
+    int v = 0;
+
+    p->oom_score_adj = (int32_t)read_proc_int("/proc/self/oom_score_adj", 0);
+    p->loginuid = (uint32_t)read_proc_int("/proc/self/loginuid", 0xffffffff);
+    ck_prctl(PR_GET_CHILD_SUBREAPER, (unsigned long)&v, 0, 0, 0);
+    p->child_subreaper = v != 0;
+    long thp = ck_prctl(PR_GET_THP_DISABLE, 0, 0, 0, 0);
+    p->thp_disable = thp > 0 ? (uint32_t)thp : 0;
+    long dumpable = ck_prctl(PR_GET_DUMPABLE, 0, 0, 0, 0);
+    if (dumpable != 0 && dumpable != 1)
+        return ck_image_fail(im, "the process is dumpable only by root (suid_dumpable mode 2), which ckptd cannot set again", 0, 0);
+    p->dumpable = (uint32_t)dumpable;
+
+    uint32_t *groups = ck_arena_alloc(65536 * sizeof(uint32_t));
+    long ng = groups ? ck_getgroups(65536, groups) : -ENOMEM;
+    if (ng < 0)
+        return ck_image_fail(im, "cannot read the supplementary groups", 0, ng);
+    p->ngroups = (uint32_t)ng;
+    p->groups_off = ck_table_bytes_append(&im->blob, groups, (size_t)ng * sizeof(uint32_t));
+    if (ng && p->groups_off == UINT64_MAX)
+        return ck_image_fail(im, "too much data to checkpoint", 0, 0);
+
+    long n = ck_read_file("/proc/thread-self/status", status, sizeof(status) - 1);
+    if (n < 0)
+        return ck_image_fail(im, "cannot read /proc/thread-self/status", 0, n);
+    status[n] = 0;
+    ck_strlcpy(self_groups, status_line(status, "Groups:"), sizeof(self_groups));
+    for (char *q = self_groups; *q; q++)
+        if (*q == '\n')
+            *q = 0;
+    for (size_t i = 0; i < im->threads.count; i++) {
+        struct ck_thread *t = ck_table_at(&im->threads, i);
+        if (t->flags & CK_THREAD_RSEQ_UNKNOWN)
+            return ck_image_fail(im, "a thread has an rseq registration the shim did not see made (not through glibc or syscall()); ckptd cannot restore it", 0, 0);
+        if (t->securebits & ~(uint32_t)SECBIT_KEEP_CAPS)
+            return ck_image_fail(im, "a thread has securebits set other than keep-caps (PR_SET_SECUREBITS); ckptd cannot restore them", 0, 0);
+        ck_buf_init(&b, path, sizeof(path));
+        ck_buf_str(&b, "/proc/self/task/");
+        ck_buf_u64(&b, (uint64_t)t->tid);
+        ck_buf_str(&b, "/status");
+        long len = ck_read_file(path, status, sizeof(status) - 1);
+        if (len <= 0)
+            continue;
+        status[len] = 0;
+        if (ck_parse_u64(ck_skip_spaces(status_line(status, "Seccomp:")), 10, 0) != 0)
+            return ck_image_fail(im, "the process runs under seccomp (strict mode or a filter); ckptd cannot restore seccomp filters", 0, 0);
+        const char *g = status_line(status, "Groups:");
+        size_t gl = ck_strlen(self_groups);
+        if (ck_strncmp(g, self_groups, gl) != 0 || (g[gl] != '\n' && g[gl] != 0))
+            return ck_image_fail(im, "the process's threads have different supplementary groups (raw setgroups); ckptd restores one list per process", 0, 0);
+    }
     return 0;
 }
 
@@ -407,6 +483,8 @@ int ck_dump(const struct ck_dump_args *a, struct ck_dump_stats *st, char *err, s
     im.keep_cached = a->keep_cached;
     if (rc == 0)
         rc = dump_threads(&im, &self);
+    if (rc == 0)
+        rc = dump_attrs(&im);
     if (rc == 0)
         rc = ck_dump_fds(&im);
     if (rc == 0)

@@ -42,6 +42,63 @@ extern const unsigned int __rseq_size __attribute__((weak));
 #define RSEQ_SIG_X86 0x53053053u
 #define RSEQ_MIN_LEN 32u
 
+/* a registration the program made itself (syscall(SYS_rseq), seen by
+ * interpose.c), with glibc's own turned off (glibc.pthread.rseq=0) */
+static __thread struct {
+    uint64_t area;
+    uint32_t len, sig;
+} own_rseq __attribute__((tls_model("initial-exec")));
+
+void ck_rseq_registered(long area, uint32_t len, int flags, uint32_t sig)
+{
+    own_rseq.area = (flags & 1) ? 0 : (uint64_t)area;  /* RSEQ_FLAG_UNREGISTER */
+    own_rseq.len = len;
+    own_rseq.sig = sig;
+}
+
+/* Whether (area, len, sig) is exactly this thread's rseq registration: the
+ * kernel answers a second registration of the same one with EBUSY and
+ * changes nothing; anything else differs in area, length or signature. */
+static int rseq_is(uint64_t area, uint32_t len, uint32_t sig)
+{
+    return area && ck_rseq((void *)area, len, 0, sig) == -EBUSY;
+}
+
+/* Whether the thread has an rseq registration at all: for an aligned kernel
+ * address the kernel answers EINVAL when another area is registered, EFAULT
+ * when none is (and registers nothing either way). */
+static int rseq_any(void)
+{
+    return ck_rseq((void *)0xffff800000000000ull, RSEQ_MIN_LEN, 0, RSEQ_SIG_X86) == -EINVAL;
+}
+
+static void fill_rseq(struct ck_thread *t)
+{
+    t->rseq_addr = 0;
+    t->rseq_len = 0;
+    t->rseq_sig = 0;
+    if (rseq_is(own_rseq.area, own_rseq.len, own_rseq.sig)) {
+        t->rseq_addr = own_rseq.area;
+        t->rseq_len = own_rseq.len;
+        t->rseq_sig = own_rseq.sig;
+        return;
+    }
+    if (&__rseq_offset && &__rseq_size && __rseq_size > 0 && t->fs_base) {
+        uint64_t area = t->fs_base + (uint64_t)__rseq_offset;
+        /* glibc registers max(__rseq_size, 32) bytes, rounded to 32 since 2.40 */
+        uint32_t lens[3] = {__rseq_size, RSEQ_MIN_LEN, (__rseq_size + 31) & ~31u};
+        for (int i = 0; i < 3; i++)
+            if (rseq_is(area, lens[i], RSEQ_SIG_X86)) {
+                t->rseq_addr = area;
+                t->rseq_len = lens[i];
+                t->rseq_sig = RSEQ_SIG_X86;
+                return;
+            }
+    }
+    if (rseq_any())
+        t->flags |= CK_THREAD_RSEQ_UNKNOWN;  /* the dump refuses it */
+}
+
 void ck_fill_thread(struct ck_thread *t, uint64_t sigmask)
 {
     unsigned long v = 0;
@@ -61,16 +118,30 @@ void ck_fill_thread(struct ck_thread *t, uint64_t sigmask)
         t->robust_list = (uint64_t)head;
         t->robust_len = len;
     }
-    t->rseq_addr = 0;
-    if (&__rseq_offset && &__rseq_size && __rseq_size > 0 && t->fs_base) {
-        uint64_t area = t->fs_base + (uint64_t)__rseq_offset;
-        /* cpu_id (offset 4) is negative when registration failed */
-        if (*(volatile int32_t *)(area + 4) >= 0) {
-            t->rseq_addr = area;
-            t->rseq_len = __rseq_size > RSEQ_MIN_LEN ? __rseq_size : RSEQ_MIN_LEN;
-            t->rseq_sig = RSEQ_SIG_X86;
-        }
+    fill_rseq(t);
+    /* credentials and the other attributes the kernel keeps per task */
+    ck_getresuid(&t->uid[0], &t->uid[1], &t->uid[2]);
+    ck_getresgid(&t->gid[0], &t->gid[1], &t->gid[2]);
+    t->uid[3] = (uint32_t)ck_setfsuid(~0u);  /* an invalid id changes nothing and returns the current one */
+    t->gid[3] = (uint32_t)ck_setfsgid(~0u);
+    t->cap_bounding = t->cap_ambient = 0;
+    for (int c = 0; c < 64; c++) {
+        long in = ck_prctl(PR_CAPBSET_READ, (unsigned long)c, 0, 0, 0);
+        if (in < 0)
+            break;  /* past the kernel's last capability */
+        if (in > 0)
+            t->cap_bounding |= 1ull << c;
+        if (ck_prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_IS_SET, (unsigned long)c, 0, 0) > 0)
+            t->cap_ambient |= 1ull << c;
     }
+    long slack = ck_prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
+    t->timer_slack_ns = slack > 0 ? (uint64_t)slack : 0;
+    long bits = ck_prctl(PR_GET_SECUREBITS, 0, 0, 0, 0);
+    t->securebits = bits > 0 ? (uint32_t)bits : 0;
+    int pdeath = 0;
+    ck_prctl(PR_GET_PDEATHSIG, (unsigned long)&pdeath, 0, 0, 0);
+    t->pdeathsig = pdeath;
+    t->no_new_privs = ck_prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) == 1;
     t->sigmask = sigmask;
     struct ck_cap_header h = {CK_CAP_VERSION_3, 0};
     struct ck_cap_data d[2];

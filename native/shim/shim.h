@@ -129,6 +129,8 @@ struct ck_image {
     int retry; /* the failure is a passing state: worth another round */
 };
 uint32_t ck_image_string(struct ck_image *im, const char *s) CK_HIDDEN;
+/* quiesce.c: a registration the program made itself with syscall(SYS_rseq) */
+void ck_rseq_registered(long area, uint32_t len, int flags, uint32_t sig) CK_HIDDEN;
 int ck_image_fail(struct ck_image *im, const char *what, const char *detail, long rc) CK_HIDDEN;
 int ck_image_is_own_fd(struct ck_image *im, int fd) CK_HIDDEN;
 void ck_image_add_own_fd(struct ck_image *im, int fd) CK_HIDDEN;

@@ -19,7 +19,7 @@
 
 /* BEGIN CFFI */
 #define CK_CORE_MAGIC 0x45524f4354504b43   /* "CKPTCORE" as little-endian bytes */
-#define CK_CORE_VERSION 4
+#define CK_CORE_VERSION 5
 #define CK_MAX_SECTIONS 16
 #define CK_PAGE_SIZE 4096
 
@@ -71,6 +71,7 @@ struct ck_jmpctx {
 
 #define CK_THREAD_MAIN 1          /* the thread-group leader (tid == pid) */
 #define CK_THREAD_CHECKPOINTER 2  /* the shim's own checkpoint thread */
+#define CK_THREAD_RSEQ_UNKNOWN 4  /* an rseq registration the shim could not identify: refused */
 
 struct ck_thread {
     int32_t tid;                /* as the process sees it (inside its pid ns) */
@@ -91,6 +92,18 @@ struct ck_thread {
     uint32_t pad1;
     struct ck_jmpctx ctx;
     char comm[16];
+    /* per-thread attributes the kernel keeps per task, read by the thread
+     * itself (quiesce.c) and set again by its restored thread (threads.c),
+     * so that nothing comes back silently different (issue 18) */
+    uint32_t uid[4];            /* real, effective, saved, filesystem */
+    uint32_t gid[4];
+    uint64_t cap_bounding;      /* PR_CAPBSET_READ, one bit per capability */
+    uint64_t cap_ambient;       /* PR_CAP_AMBIENT_IS_SET */
+    uint64_t timer_slack_ns;    /* PR_GET_TIMERSLACK */
+    uint32_t securebits;        /* PR_GET_SECUREBITS (SECBIT_KEEP_CAPS: PR_SET_KEEPCAPS) */
+    int32_t pdeathsig;          /* PR_GET_PDEATHSIG */
+    uint32_t no_new_privs;      /* PR_GET_NO_NEW_PRIVS */
+    uint32_t pad2;
 };
 
 /* ck_vma.flags */
@@ -327,6 +340,14 @@ struct ck_proc {
     char comm[16];
     int64_t ckpt_realtime_ns;
     int64_t ckpt_monotonic_ns;
+    /* process-wide attributes set again by the restorer (proc.c), issue 18 */
+    int32_t oom_score_adj;      /* /proc/self/oom_score_adj */
+    uint32_t loginuid;          /* /proc/self/loginuid (audit) */
+    uint32_t child_subreaper;   /* PR_GET_CHILD_SUBREAPER */
+    uint32_t thp_disable;       /* PR_GET_THP_DISABLE's value */
+    uint32_t dumpable;          /* PR_GET_DUMPABLE */
+    uint32_t ngroups;           /* supplementary groups: ngroups uint32 in BLOB at groups_off */
+    uint64_t groups_off;
 };
 
 /*
