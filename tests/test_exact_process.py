@@ -6,10 +6,12 @@ before the checkpoint and after the restart."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 from conftest import Ckptd, compile_workload, exact_round_trip
 from test_bad_input import assert_refused
+from test_nonroot import reachable_by_others
 
 pytestmark = pytest.mark.skipif(os.getuid() != 0, reason="sets attributes only root may set (loginuid, uids)")
 
@@ -38,9 +40,15 @@ def test_rseq_own(ckptd: Ckptd, proc_attrs: str) -> None:
 
 def test_root_job_dropping_privileges(ckptd: Ckptd, proc_attrs: str) -> None:
     """A root job that switches to other uids, gids, groups and capabilities
-    (and forks a child as the new uid) is checkpointed and comes back with
-    them, in every thread."""
-    exact_round_trip(ckptd, "creds", [proc_attrs, "40", "creds"])
+    (and forks a child as the new uid, which says HELLO as that uid) is
+    checkpointed and comes back with them, in every thread.  Its processes
+    write their images as the uid they took: the checkpoint directory must
+    be reachable by it."""
+    ckpt_dir = ckptd.home / "checkpoints"
+    ckpt_dir.mkdir(mode=0o711, exist_ok=True)
+    ckpt_dir.chmod(0o711)
+    with reachable_by_others(ckpt_dir):
+        exact_round_trip(ckptd, "creds", [proc_attrs, "40", "creds"])
 
 
 def test_seccomp_refused(ckptd: Ckptd, proc_attrs: str) -> None:

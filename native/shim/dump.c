@@ -207,10 +207,6 @@ static int dump_attrs(struct ck_image *im)
     p->child_subreaper = v != 0;
     long thp = ck_prctl(PR_GET_THP_DISABLE, 0, 0, 0, 0);
     p->thp_disable = thp > 0 ? (uint32_t)thp : 0;
-    long dumpable = ck_prctl(PR_GET_DUMPABLE, 0, 0, 0, 0);
-    if (dumpable != 0 && dumpable != 1)
-        return ck_image_fail(im, "the process is dumpable only by root (suid_dumpable mode 2), which ckptd cannot set again", 0, 0);
-    p->dumpable = (uint32_t)dumpable;
 
     uint32_t *groups = ck_arena_alloc(65536 * sizeof(uint32_t));
     long ng = groups ? ck_getgroups(65536, groups) : -ENOMEM;
@@ -466,6 +462,19 @@ int ck_dump(const struct ck_dump_args *a, struct ck_dump_stats *st, char *err, s
         return CK_DUMP_ERROR;
     }
     ck_image_add_own_fd(&im, im.dirfd);
+    /* A process that changed its ids is not dumpable: its /proc files are
+     * root's, and it could not read its own auxv, pagemap or mem.  It is
+     * parked: dumpable for the dump, as it was afterwards (and restored so). */
+    long dumpable = ck_prctl(PR_GET_DUMPABLE, 0, 0, 0, 0);
+    if (dumpable != 0 && dumpable != 1) {
+        ck_image_fail(&im, "the process is dumpable only by root (suid_dumpable mode 2), which ckptd cannot set again", 0, 0);
+        ck_close(im.dirfd);
+        return CK_DUMP_ERROR;
+    }
+    im.proc.dumpable = (uint32_t)dumpable;
+    if (!dumpable)
+        ck_prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
+
     int bad_key;
     im.key = ck_seal_take_key(a->key_hex, &bad_key);  /* launch --encrypt (writeout.c) */
     if (im.key)
@@ -473,6 +482,8 @@ int ck_dump(const struct ck_dump_args *a, struct ck_dump_stats *st, char *err, s
     if (bad_key || ck_seal_begin(&im) < 0) {
         if (bad_key)
             ck_image_fail(&im, "cannot encrypt: the key is malformed or this CPU lacks AES-NI/PCLMULQDQ", 0, 0);
+        if (!dumpable)
+            ck_prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
         ck_close(im.dirfd);
         return CK_DUMP_ERROR;
     }
@@ -500,6 +511,8 @@ int ck_dump(const struct ck_dump_args *a, struct ck_dump_stats *st, char *err, s
         /* last: the writer forked here sees the memory core.img describes */
         rc = ck_writeout_start(&im, a->dir);
     }
+    if (!dumpable)
+        ck_prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     ck_seal_end();
     if (im.pages_fd >= 0)
         ck_close(im.pages_fd);  /* the writer holds its own copy */
