@@ -421,7 +421,8 @@ class Checkpointer:
         # incremental one holds is known only once written
         total = 0 if request.parent else sum(resident_anon(c.host_pid) for c in conns)
         writing = Transfer("writing", total, probe=lambda: _bytes_under(Path(request.dir)))
-        if job.owner.switch or job.owner.any_uid:  # the job's processes, as its owner, pass through the round's directories
+        # the job's processes, as its owner (or a root job's, as any uid), pass through the round's directories
+        if job.owner.switch or job.owner.any_uid:
             rdir = Path(request.dir)
             try:
                 for d in (rdir.parent, rdir) if rdir.name.startswith("rank-") else (rdir,):

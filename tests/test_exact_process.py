@@ -6,7 +6,6 @@ before the checkpoint and after the restart."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 from conftest import Ckptd, compile_workload, exact_round_trip
@@ -21,10 +20,15 @@ def proc_attrs(tmp_path_factory: pytest.TempPathFactory) -> str:
     return compile_workload(tmp_path_factory, "proc_attrs")
 
 
-def test_process_attributes(ckptd: Ckptd, proc_attrs: str) -> None:
-    """Child subreaper, parent-death signal, oom_score_adj, THP-disable,
-    loginuid, timer slack (per thread), keep-caps, dumpable, no_new_privs."""
-    exact_round_trip(ckptd, "attrs", [proc_attrs, "40", "attrs"])
+@pytest.mark.parametrize(
+    "attr", ["subreaper", "pdeathsig", "oom", "thp", "loginuid", "timerslack", "keepcaps", "dumpable", "nnp"]
+)
+def test_process_attribute(ckptd: Ckptd, proc_attrs: str, attr: str) -> None:
+    """One attribute set (the others stay at their defaults, and are checked
+    too): child subreaper, parent-death signal, oom_score_adj, THP-disable,
+    audit loginuid, timer slack (two threads, each its own), keep-caps,
+    dumpable, no_new_privs."""
+    exact_round_trip(ckptd, attr, [proc_attrs, "40", "attrs", attr])
 
 
 def test_rseq_glibc(ckptd: Ckptd, proc_attrs: str) -> None:
@@ -55,3 +59,10 @@ def test_seccomp_refused(ckptd: Ckptd, proc_attrs: str) -> None:
     ckptd.launch("seccomp", [proc_attrs, "600", "seccomp"])
     ckptd.wait_log("seccomp", r"^step 2 ok")
     assert_refused(ckptd, "seccomp", "seccomp")
+
+
+def test_pending_siginfo(ckptd: Ckptd, proc_attrs: str) -> None:
+    """Signals pending at the checkpoint come back with their siginfo (code,
+    sender, value), every queued instance of an RT signal in its order, and
+    a thread's own on that thread."""
+    exact_round_trip(ckptd, "sigqueue", [proc_attrs, "40", "sigqueue"])

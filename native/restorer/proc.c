@@ -71,9 +71,13 @@ void rst_queue_pending(const struct rst_image *im)
     for (uint32_t i = 0; i < im->npending; i++) {
         struct rst_siginfo si;
         ck_memset(&si, 0, sizeof(si));
+        if (im->pending[i].has_info) {
+            ck_memcpy(&si, im->pending[i].info, sizeof(si));  /* as the kernel had queued it */
+        } else {
+            si.code = -6;  /* SI_TKILL: raised again by ckptd */
+            si.pid = pid;
+        }
         si.signo = im->pending[i].signo;
-        si.code = -6;  /* SI_TKILL: raised again by ckptd */
-        si.pid = pid;
         int tid = im->pending[i].tid ? im->pending[i].tid : pid;
         long rc;
         if (im->pending[i].tid)
@@ -81,7 +85,7 @@ void rst_queue_pending(const struct rst_image *im)
         else
             rc = ck_sc3(SYS_rt_sigqueueinfo, pid, si.signo, &si);
         if (rc < 0)
-            rst_note("cannot raise a pending signal again", 0, rc);
+            rst_fail("cannot queue a pending signal again", 0, rc);
     }
 }
 

@@ -249,14 +249,24 @@ static int dump_attrs(struct ck_image *im)
     return 0;
 }
 
+/* signals in `set` pending on thread tid that were not taken with their
+ * siginfo (they arrived after it parked): raised again bare, as before */
 static int add_pending(struct ck_image *im, int tid, uint64_t set)
 {
     for (int s = 1; s <= 64; s++) {
         if (!(set & (1ull << (s - 1))) || s == ck_shim.quiesce_signal)
             continue;
+        int taken = 0;
+        for (size_t i = 0; i < im->pending.count && !taken; i++) {
+            struct ck_pending *pe = ck_table_at(&im->pending, i);
+            taken = pe->tid == tid && pe->signo == s;
+        }
+        if (taken)
+            continue;
         struct ck_pending *pe = ck_table_push(&im->pending);
         if (!pe)
             return ck_image_fail(im, "too many pending signals", 0, 0);
+        ck_memset(pe, 0, sizeof(*pe));
         pe->tid = tid;
         pe->signo = s;
     }
@@ -281,6 +291,22 @@ static int capture_timers_and_pending(struct ck_image *im)
             im->proc.itimers[i].value_sec = v.it_value.tv_sec;
             im->proc.itimers[i].value_usec = v.it_value.tv_usec;
         }
+    }
+    /* the checkpoint thread's own queue, then the process-wide one; the
+     * parked threads took theirs as they parked (quiesce.c) */
+    ck_take_pending(0);
+    ck_take_pending(1);
+    uint32_t ntaken, failed;
+    struct ck_pending *taken = ck_taken_pending(&ntaken, &failed);
+    if (failed == 1)
+        return ck_image_fail(im, "more than 4096 signals are queued in the process; ckptd keeps at most 4096", 0, 0);
+    if (failed)
+        return ck_image_fail(im, "a pending signal could not be queued again after reading it", 0, 0);
+    for (uint32_t i = 0; i < ntaken; i++) {
+        struct ck_pending *pe = ck_table_push(&im->pending);
+        if (!pe)
+            return ck_image_fail(im, "too many pending signals", 0, 0);
+        ck_memcpy(pe, &taken[i], sizeof(*pe));
     }
     long n = ck_read_file("/proc/self/status", procbuf, sizeof(procbuf) - 1);
     if (n < 0)

@@ -18,6 +18,7 @@
 #include "shim.h"
 #include "../common/sys.h"
 #include "../common/util.h"
+#include "../common/maps.h"
 
 #include <errno.h>
 #include <sys/prctl.h>
@@ -156,6 +157,98 @@ void ck_fill_thread(struct ck_thread *t, uint64_t sigmask)
     ck_prctl(PR_GET_NAME, (unsigned long)t->comm, 0, 0, 0);
 }
 
+/*
+ * Pending signals with their siginfo.  A signal's siginfo can only be read
+ * by taking it (rt_sigtimedwait), and a thread's own queue only by that
+ * thread: each parked thread takes its private ones in the quiesce handler,
+ * the checkpoint thread its own and the process-wide ones in the dump.
+ * Everything taken is queued again at once, in the same order (an aborted
+ * checkpoint loses nothing), and recorded here.  The kernel's SigPnd and
+ * ShdPnd masks say when a queue is empty; a periodic ITIMER_REAL's SIGALRM
+ * is left alone (taking it re-arms the timer): recorded without siginfo.
+ */
+#define CK_PENDING_POOL 4096
+static struct ck_pending pend_pool[CK_PENDING_POOL];
+static uint32_t npend;
+static volatile uint32_t pend_lock;
+static volatile uint32_t pend_failed;  /* 1: pool full, 2: a signal could not be queued again */
+
+static uint64_t pending_mask(int shared)
+{
+    char buf[4096];
+    long n = ck_read_file(shared ? "/proc/self/status" : "/proc/thread-self/status", buf, sizeof(buf) - 1);
+    if (n <= 0)
+        return 0;
+    buf[n] = 0;
+    const char *key = shared ? "ShdPnd:" : "SigPnd:";
+    for (const char *p = buf; *p;) {
+        if (ck_strncmp(p, key, 7) == 0)
+            return ck_parse_u64(ck_skip_spaces(p + 7), 16, 0);
+        while (*p && *p != '\n')
+            p++;
+        if (*p)
+            p++;
+    }
+    return 0;
+}
+
+static int alarm_is_periodic(void)
+{
+    struct itimerval v;
+    return ck_getitimer(ITIMER_REAL, &v) == 0 && (v.it_interval.tv_sec || v.it_interval.tv_usec);
+}
+
+void ck_take_pending(int shared)
+{
+    /* the common case, cheaply: nothing pending here or process-wide (the
+     * caller blocks every signal, so this is the union of both queues) */
+    uint64_t any = 0;
+    if (ck_sc2(SYS_rt_sigpending, &any, sizeof(any)) == 0 && !(any & ~(1ull << (ck_shim.quiesce_signal - 1))))
+        return;
+    int pid = (int)ck_getpid(), tid = (int)ck_gettid();
+    while (__atomic_exchange_n(&pend_lock, 1, __ATOMIC_ACQUIRE))
+        ck_sc0(SYS_sched_yield);
+    uint32_t first = npend;
+    uint64_t set = pending_mask(shared);
+    for (int s = 1; s <= 64; s++) {
+        uint64_t bit = 1ull << (s - 1);
+        if (!(set & bit) || s == ck_shim.quiesce_signal || s == SIGKILL || s == SIGSTOP ||
+            (s == SIGALRM && alarm_is_periodic()))
+            continue;
+        /* the calling thread's own queue is taken first: only shared ones when it is empty */
+        while (pending_mask(shared) & bit) {
+            if (npend >= CK_PENDING_POOL) {
+                pend_failed = 1;
+                break;
+            }
+            struct ck_pending *r = &pend_pool[npend];
+            struct timespec zero = {0, 0};
+            ck_memset(r, 0, sizeof(*r));
+            if (ck_rt_sigtimedwait(&bit, r->info, &zero) != s)
+                break;
+            r->tid = shared ? 0 : tid;
+            r->signo = s;
+            r->has_info = 1;
+            npend++;
+        }
+    }
+    for (uint32_t i = first; i < npend; i++) {
+        struct ck_pending *r = &pend_pool[i];
+        long rc = shared ? ck_sc3(SYS_rt_sigqueueinfo, pid, r->signo, r->info)
+                         : ck_rt_tgsigqueueinfo(pid, tid, r->signo, r->info);
+        if (rc < 0)
+            pend_failed = 2;
+    }
+    __atomic_store_n(&pend_lock, 0, __ATOMIC_RELEASE);
+}
+
+struct ck_pending *ck_taken_pending(uint32_t *n, uint32_t *failed)
+{
+    *n = npend;
+    *failed = pend_failed;
+    return pend_pool;
+}
+
 static void quiesce_handler(int sig, siginfo_t *si, void *ucv)
 {
     (void)sig;
@@ -174,6 +267,7 @@ static void quiesce_handler(int sig, siginfo_t *si, void *ucv)
         uint64_t mask;
         ck_memcpy(&mask, &uc->uc_sigmask, sizeof(mask));
         ck_fill_thread(t, mask);
+        ck_take_pending(0);
         if (ck_save_ctx(&t->ctx) == 0) {
             __atomic_fetch_add(&parked, 1, __ATOMIC_RELEASE);
             ck_futex_wake_all(&parked);
@@ -300,6 +394,8 @@ int ck_quiesce(long timeout_ms, char *err, size_t errcap)
     }
     int self = (int)ck_gettid(), pid = (int)ck_getpid();
     nsignalled = 0;
+    npend = 0;
+    pend_failed = 0;
     __atomic_store_n(&nslots, 0, __ATOMIC_RELEASE);
     __atomic_store_n(&parked, 0, __ATOMIC_RELEASE);
     __atomic_store_n(&phase, PHASE_PARKING, __ATOMIC_RELEASE);

@@ -76,6 +76,9 @@ int ck_is_parked(void) CK_HIDDEN;
 void ck_quiesce_after_fork(void) CK_HIDDEN;  /* a forked child starts outside any checkpoint */
 /* records of the parked threads, valid while parked */
 struct ck_thread *ck_parked_threads(uint32_t *n) CK_HIDDEN;
+/* quiesce.c: pending signals taken with their siginfo and queued again */
+void ck_take_pending(int shared) CK_HIDDEN;
+struct ck_pending *ck_taken_pending(uint32_t *n, uint32_t *failed) CK_HIDDEN;
 void ck_fill_thread(struct ck_thread *t, uint64_t sigmask) CK_HIDDEN;
 /* after a restore: wait until every parked thread is back in shim code */
 void ck_wait_threads_arrived(uint32_t n) CK_HIDDEN;

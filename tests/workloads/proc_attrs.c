@@ -1,15 +1,19 @@
 /*
  * Process and thread attributes that must come back exactly after a restart
- * (tests/test_exact_process.py).  proc_attrs STEPS MODE:
+ * (tests/test_exact_process.py).  proc_attrs STEPS MODE [ATTR,...]:
  *
- *   attrs     child subreaper, parent-death signal, oom_score_adj, THP-disable,
- *             loginuid, timer slack (two threads), keep-caps, dumpable, no_new_privs
+ *   attrs     the attributes named (subreaper, pdeathsig, oom, thp, loginuid,
+ *             timerslack (two threads), keepcaps, dumpable, nnp) are set, the
+ *             others checked to stay at their defaults
  *   rseq      glibc's rseq registration (a second rseq() of it answers EBUSY)
  *   rseq-own  the program's own rseq area (run with GLIBC_TUNABLES=glibc.pthread.rseq=0)
  *   creds     a root process dropping privileges: groups, gids, uids, capabilities
  *             (effective, permitted, inheritable, ambient, bounding), with a child
  *             forked after the drop and a second thread
  *   seccomp   a seccomp filter (refused)
+ *   sigqueue  signals queued with a value and kept blocked: three instances of an
+ *             RT signal process-wide, one SIGUSR1 to the second thread; taken at
+ *             the last step, each with its siginfo, in order
  */
 #define _GNU_SOURCE
 #include "state_check.h"
@@ -51,6 +55,17 @@ static void write_long(const char *path, long v)
     CHECK(fclose(f) == 0, "write %s", path);
 }
 
+static const char *attrs = "";  /* argv[3]: the attributes to set, comma-separated */
+
+static int has(const char *name)
+{
+    size_t n = strlen(name);
+    for (const char *p = attrs; (p = strstr(p, name)); p += n)
+        if ((p == attrs || p[-1] == ',') && (p[n] == ',' || !p[n]))
+            return 1;
+    return 0;
+}
+
 /* the second thread answers for itself: its own timer slack, no_new_privs and ids */
 static volatile int ask, answered;
 static volatile long answer_slack, answer_nnp;
@@ -59,11 +74,21 @@ static volatile uid_t answer_uid[3];
 static void *helper(void *arg)
 {
     (void)arg;
-    if (!strcmp(mode, "attrs"))
+    if (has("timerslack"))
         CHECK(prctl(PR_SET_TIMERSLACK, 2345678UL, 0, 0, 0) == 0, "PR_SET_TIMERSLACK (thread)");
     for (;;) {
         int want = __atomic_load_n(&ask, __ATOMIC_ACQUIRE);
-        if (want != answered) {
+        if (want == -1 && answered != -1) {
+            sigset_t one;
+            siginfo_t si;
+            struct timespec zero = {0, 0};
+            sigemptyset(&one);
+            sigaddset(&one, SIGUSR1);
+            answer_slack = sigtimedwait(&one, &si, &zero) == SIGUSR1 && si.si_code == SI_QUEUE && si.si_pid == getpid()
+                               ? si.si_value.sival_int
+                               : -1;
+            __atomic_store_n(&answered, want, __ATOMIC_RELEASE);
+        } else if (want != answered) {
             uid_t r, e, s;
             getresuid(&r, &e, &s);
             answer_uid[0] = r, answer_uid[1] = e, answer_uid[2] = s;
@@ -86,40 +111,57 @@ static void ask_helper(int step)
 
 static void setup_attrs(void)
 {
-    CHECK(prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0, "PR_SET_CHILD_SUBREAPER");
-    CHECK(prctl(PR_SET_PDEATHSIG, SIGUSR2, 0, 0, 0) == 0, "PR_SET_PDEATHSIG");
-    write_long("/proc/self/oom_score_adj", 321);
-    CHECK(prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0) == 0, "PR_SET_THP_DISABLE");
-    write_long("/proc/self/loginuid", 4242);
-    CHECK(prctl(PR_SET_TIMERSLACK, 1234567UL, 0, 0, 0) == 0, "PR_SET_TIMERSLACK");
-    CHECK(prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0) == 0, "PR_SET_KEEPCAPS");
-    CHECK(prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) == 0, "PR_SET_DUMPABLE");
-    CHECK(prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0, "PR_SET_NO_NEW_PRIVS");
+    if (has("subreaper"))
+        CHECK(prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0, "PR_SET_CHILD_SUBREAPER");
+    if (has("pdeathsig"))
+        CHECK(prctl(PR_SET_PDEATHSIG, SIGUSR2, 0, 0, 0) == 0, "PR_SET_PDEATHSIG");
+    if (has("oom"))
+        write_long("/proc/self/oom_score_adj", 321);
+    if (has("thp"))
+        CHECK(prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0) == 0, "PR_SET_THP_DISABLE");
+    if (has("loginuid"))
+        write_long("/proc/self/loginuid", 4242);
+    if (has("timerslack"))
+        CHECK(prctl(PR_SET_TIMERSLACK, 1234567UL, 0, 0, 0) == 0, "PR_SET_TIMERSLACK");
+    if (has("keepcaps"))
+        CHECK(prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0) == 0, "PR_SET_KEEPCAPS");
+    if (has("dumpable"))
+        CHECK(prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) == 0, "PR_SET_DUMPABLE");
+    if (has("nnp"))
+        CHECK(prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0, "PR_SET_NO_NEW_PRIVS");
 }
 
 static void check_attrs(int step)
 {
     int v = -1;
-    CHECK(prctl(PR_GET_CHILD_SUBREAPER, &v, 0, 0, 0) == 0 && v == 1, "child subreaper is %d", v);
+    CHECK(prctl(PR_GET_CHILD_SUBREAPER, &v, 0, 0, 0) == 0 && v == has("subreaper"), "child subreaper is %d", v);
     v = -1;
-    CHECK(prctl(PR_GET_PDEATHSIG, &v, 0, 0, 0) == 0 && v == SIGUSR2, "parent-death signal is %d", v);
-    long oom = read_long("/proc/self/oom_score_adj");
-    CHECK(oom == 321, "oom_score_adj is %ld", oom);
+    int sig = has("pdeathsig") ? SIGUSR2 : 0;
+    CHECK(prctl(PR_GET_PDEATHSIG, &v, 0, 0, 0) == 0 && v == sig, "parent-death signal is %d", v);
+    if (has("oom")) {
+        long oom = read_long("/proc/self/oom_score_adj");
+        CHECK(oom == 321, "oom_score_adj is %ld", oom);
+    }
     long thp = prctl(PR_GET_THP_DISABLE, 0, 0, 0, 0);
-    CHECK(thp == 1, "THP-disable is %ld", thp);
-    long login = read_long("/proc/self/loginuid");
-    CHECK(login == 4242, "loginuid is %ld", login);
-    long slack = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
-    CHECK(slack == 1234567, "timer slack is %ld", slack);
+    CHECK(thp == has("thp"), "THP-disable is %ld", thp);
+    if (has("loginuid")) {
+        long login = read_long("/proc/self/loginuid");
+        CHECK(login == 4242, "loginuid is %ld", login);
+    }
+    if (has("timerslack")) {
+        long slack = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
+        CHECK(slack == 1234567, "timer slack is %ld", slack);
+    }
     long keep = prctl(PR_GET_KEEPCAPS, 0, 0, 0, 0);
-    CHECK(keep == 1, "keep-caps is %ld", keep);
+    CHECK(keep == has("keepcaps"), "keep-caps is %ld", keep);
     long dumpable = prctl(PR_GET_DUMPABLE, 0, 0, 0, 0);
-    CHECK(dumpable == 0, "dumpable is %ld", dumpable);
+    CHECK(dumpable == !has("dumpable"), "dumpable is %ld", dumpable);
     long nnp = prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0);
-    CHECK(nnp == 1, "no_new_privs is %ld", nnp);
+    CHECK(nnp == has("nnp"), "no_new_privs is %ld", nnp);
     ask_helper(step);
-    CHECK(answer_slack == 2345678, "the second thread's timer slack is %ld", answer_slack);
-    CHECK(answer_nnp == 1, "the second thread's no_new_privs is %ld", answer_nnp);
+    if (has("timerslack"))
+        CHECK(answer_slack == 2345678, "the second thread's timer slack is %ld", answer_slack);
+    CHECK(answer_nnp == has("nnp"), "the second thread's no_new_privs is %ld", answer_nnp);
 }
 
 /* ---- rseq ---- */
@@ -233,6 +275,49 @@ static void check_creds(int step)
     CHECK(waitpid(child, &status, WNOHANG) == 0, "the child is gone");
 }
 
+/* ---- sigqueue ---- */
+
+static int nsteps;
+static pthread_t helper_thread;
+
+static void block_signals(void)
+{
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGUSR1);
+    sigaddset(&set, SIGRTMIN + 2);
+    CHECK(pthread_sigmask(SIG_BLOCK, &set, 0) == 0, "block");
+}
+
+static void check_sigqueue(int step)
+{
+    if (step == 1) {
+        for (int v = 111; v <= 333; v += 111)
+            CHECK(sigqueue(getpid(), SIGRTMIN + 2, (union sigval){.sival_int = v}) == 0, "sigqueue");
+        CHECK(pthread_sigqueue(helper_thread, SIGUSR1, (union sigval){.sival_int = 444}) == 0, "pthread_sigqueue");
+    }
+    sigset_t pend;
+    sigpending(&pend);
+    CHECK(sigismember(&pend, SIGRTMIN + 2) == 1, "the RT signal is no longer pending");
+    if (step < nsteps)
+        return;
+    sigset_t one;
+    sigemptyset(&one);
+    sigaddset(&one, SIGRTMIN + 2);
+    struct timespec zero = {0, 0};
+    for (int v = 111; v <= 333; v += 111) {
+        siginfo_t si;
+        int got = sigtimedwait(&one, &si, &zero);
+        CHECK(got == SIGRTMIN + 2, "instance %d of the RT signal is gone", v / 111);
+        CHECK(si.si_code == SI_QUEUE && si.si_pid == getpid() && si.si_uid == getuid(),
+              "siginfo code %d pid %d uid %d", si.si_code, si.si_pid, si.si_uid);
+        CHECK(si.si_value.sival_int == v, "value %d, queued %d", si.si_value.sival_int, v);
+    }
+    CHECK(sigtimedwait(&one, 0, &zero) < 0 && errno == EAGAIN, "one RT signal more than was queued");
+    ask_helper(-1);
+    CHECK(answer_slack == 444, "the second thread's SIGUSR1 has value %ld", answer_slack);
+}
+
 /* ---- seccomp ---- */
 
 static void setup_seccomp(void)
@@ -252,6 +337,7 @@ int main(int argc, char **argv)
 {
     int steps = steps_of(argc, argv);
     mode = argc > 2 ? argv[2] : "attrs";
+    attrs = argc > 3 ? argv[3] : "";
     void (*check)(int) = check_nothing;
     pthread_t th;
     if (!strcmp(mode, "attrs")) {
@@ -263,12 +349,17 @@ int main(int argc, char **argv)
     } else if (!strcmp(mode, "creds")) {
         setup_creds();
         check = check_creds;
+    } else if (!strcmp(mode, "sigqueue")) {
+        block_signals();
+        check = check_sigqueue;
     } else if (!strcmp(mode, "seccomp")) {
         setup_seccomp();
     } else {
         CHECK(0, "unknown mode %s", mode);
     }
     CHECK(pthread_create(&th, 0, helper, 0) == 0, "pthread_create");
+    helper_thread = th;
+    nsteps = steps;
     int rc = run_steps(steps, check);
     if (child > 0) {
         kill(child, SIGKILL);

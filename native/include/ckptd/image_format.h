@@ -282,10 +282,17 @@ struct ck_rlimit {
     uint64_t max;
 };
 
-/* a pending signal to raise again (tid 0: process-wide) */
+/* a pending signal to raise again (tid 0: process-wide), one record per
+ * queued instance, in queue order (an RT signal keeps its depth) */
 struct ck_pending {
     int32_t tid;
     int32_t signo;
+    /* issue 18: the siginfo as the kernel queued it (taken with a zero-timeout
+       rt_sigtimedwait while parked and queued again at once), given back to
+       rt_(tg)sigqueueinfo; has_info 0: one that arrived after the thread parked */
+    uint32_t has_info;
+    uint32_t pad;
+    uint8_t info[128];
 };
 
 /* a file the job writes: contents copied to files/<index>.data */
