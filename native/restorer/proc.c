@@ -58,17 +58,17 @@ struct rst_siginfo {
     char rest[128 - 24];
 };
 
-void rst_queue_pending(const struct rst_image *im)
+/* Queue the image's pending signals for thread tid (0: process-wide) again,
+ * with their siginfo, in order.  The kernel takes a siginfo of any origin
+ * (si_code >= 0: the kernel's, kill()'s; SI_TKILL) only from the thread
+ * itself, and process-wide only from the thread-group leader: each thread
+ * queues its own (threads.c), the main thread its own and the process's. */
+void rst_queue_pending_of(const struct rst_image *im, int tid)
 {
     int pid = (int)ck_getpid();
-    /* signals that arrived during the restore (SIGCHLD from recreated
-     * zombies, say) were not pending at checkpoint time: drop them */
-    uint64_t all = ~0ull & ~((1ull << (SIGKILL - 1)) | (1ull << (SIGSTOP - 1)));
-    struct timespec now = {0, 0};
-    struct rst_siginfo drop;
-    while (ck_rt_sigtimedwait(&all, &drop, &now) > 0)
-        ;
     for (uint32_t i = 0; i < im->npending; i++) {
+        if (im->pending[i].tid != tid)
+            continue;
         struct rst_siginfo si;
         ck_memset(&si, 0, sizeof(si));
         if (im->pending[i].has_info) {
@@ -78,15 +78,29 @@ void rst_queue_pending(const struct rst_image *im)
             si.pid = pid;
         }
         si.signo = im->pending[i].signo;
-        int tid = im->pending[i].tid ? im->pending[i].tid : pid;
-        long rc;
-        if (im->pending[i].tid)
-            rc = ck_rt_tgsigqueueinfo(pid, tid, si.signo, &si);
-        else
-            rc = ck_sc3(SYS_rt_sigqueueinfo, pid, si.signo, &si);
-        if (rc < 0)
-            rst_fail("cannot queue a pending signal again", 0, rc);
+        long rc = tid ? ck_rt_tgsigqueueinfo(pid, tid, si.signo, &si) : ck_sc3(SYS_rt_sigqueueinfo, pid, si.signo, &si);
+        if (rc < 0) {
+            char what[16];
+            struct ck_buf b;
+            ck_buf_init(&b, what, sizeof(what));
+            ck_buf_str(&b, "signal ");
+            ck_buf_i64(&b, si.signo);
+            rst_fail("cannot queue a pending signal again", what, rc);
+        }
     }
+}
+
+void rst_queue_pending(const struct rst_image *im)
+{
+    /* signals that arrived during the restore (SIGCHLD from recreated
+     * zombies, say) were not pending at checkpoint time: drop them */
+    uint64_t all = ~0ull & ~((1ull << (SIGKILL - 1)) | (1ull << (SIGSTOP - 1)));
+    struct timespec now = {0, 0};
+    struct rst_siginfo drop;
+    while (ck_rt_sigtimedwait(&all, &drop, &now) > 0)
+        ;
+    rst_queue_pending_of(im, (int)ck_getpid());
+    rst_queue_pending_of(im, 0);
 }
 
 void rst_arm_timers(const struct rst_image *im)

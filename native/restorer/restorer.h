@@ -188,6 +188,7 @@ void rst_restore_fds(const struct rst_image *im);
 /* proc.c */
 void rst_restore_limits(const struct rst_image *im);
 void rst_restore_thp(const struct rst_image *im);
+void rst_queue_pending_of(const struct rst_image *im, int tid);
 void rst_restore_attrs(const struct rst_image *im);
 const uint32_t *rst_groups(const struct rst_image *im);
 void rst_restore_dumpable(const struct rst_image *im);

@@ -19,6 +19,7 @@ struct rst_clone_args {
 static volatile uint32_t ready;  /* futex: threads set up and waiting */
 static volatile uint32_t go;     /* futex: everything is in place */
 
+static const struct rst_image *cur_im;  /* for the cloned threads */
 static const uint32_t *saved_groups;  /* the process's supplementary groups (in the core image) */
 static uint32_t saved_ngroups;
 
@@ -147,6 +148,7 @@ __attribute__((noreturn)) static void jump_when_told(const struct ck_thread *t)
 __attribute__((noreturn)) static void thread_entry(const struct ck_thread *t)
 {
     thread_setup(t);
+    rst_queue_pending_of(cur_im, t->tid);  /* its own: only it may (proc.c) */
     __atomic_fetch_add(&ready, 1, __ATOMIC_ACQ_REL);
     ck_futex_wake_all(&ready);
     jump_when_told(t);
@@ -184,6 +186,7 @@ void rst_restore_threads(const struct rst_image *im)
     if (!main || main->tid != pid)
         rst_fail("corrupt image: no main thread with the process id", 0, 0);
 
+    cur_im = im;
     saved_groups = rst_groups(im);
     saved_ngroups = im->proc->ngroups;
     uint32_t clones = 0;

@@ -292,10 +292,9 @@ static int capture_timers_and_pending(struct ck_image *im)
             im->proc.itimers[i].value_usec = v.it_value.tv_usec;
         }
     }
-    /* the checkpoint thread's own queue, then the process-wide one; the
-     * parked threads took theirs as they parked (quiesce.c) */
-    ck_take_pending(0);
-    ck_take_pending(1);
+    /* the checkpoint thread's own queue; the parked threads took theirs as
+     * they parked, the main thread the process-wide one too (quiesce.c) */
+    ck_take_pending(CK_TAKE_OWN);
     uint32_t ntaken, failed;
     struct ck_pending *taken = ck_taken_pending(&ntaken, &failed);
     if (failed == 1)

@@ -198,7 +198,7 @@ static int alarm_is_periodic(void)
     return ck_getitimer(ITIMER_REAL, &v) == 0 && (v.it_interval.tv_sec || v.it_interval.tv_usec);
 }
 
-void ck_take_pending(int shared)
+void ck_take_pending(int which)
 {
     /* the common case, cheaply: nothing pending here or process-wide (the
      * caller blocks every signal, so this is the union of both queues) */
@@ -209,33 +209,38 @@ void ck_take_pending(int shared)
     while (__atomic_exchange_n(&pend_lock, 1, __ATOMIC_ACQUIRE))
         ck_sc0(SYS_sched_yield);
     uint32_t first = npend;
-    uint64_t set = pending_mask(shared);
-    for (int s = 1; s <= 64; s++) {
-        uint64_t bit = 1ull << (s - 1);
-        if (!(set & bit) || s == ck_shim.quiesce_signal || s == SIGKILL || s == SIGSTOP ||
-            (s == SIGALRM && alarm_is_periodic()))
+    /* the thread's own queue first: rt_sigtimedwait takes from it before the
+     * process-wide one, which it reaches only once the own one is held here */
+    for (int shared = 0; shared <= 1; shared++) {
+        if (!(which & (shared ? CK_TAKE_SHARED : CK_TAKE_OWN)))
             continue;
-        /* the calling thread's own queue is taken first: only shared ones when it is empty */
-        while (pending_mask(shared) & bit) {
-            if (npend >= CK_PENDING_POOL) {
-                pend_failed = 1;
-                break;
+        uint64_t set = pending_mask(shared);
+        for (int s = 1; s <= 64; s++) {
+            uint64_t bit = 1ull << (s - 1);
+            if (!(set & bit) || s == ck_shim.quiesce_signal || s == SIGKILL || s == SIGSTOP ||
+                (s == SIGALRM && alarm_is_periodic()))
+                continue;
+            while (pending_mask(shared) & bit) {
+                if (npend >= CK_PENDING_POOL) {
+                    pend_failed = 1;
+                    break;
+                }
+                struct ck_pending *r = &pend_pool[npend];
+                struct timespec zero = {0, 0};
+                ck_memset(r, 0, sizeof(*r));
+                if (ck_rt_sigtimedwait(&bit, r->info, &zero) != s)
+                    break;
+                r->tid = shared ? 0 : tid;
+                r->signo = s;
+                r->has_info = 1;
+                npend++;
             }
-            struct ck_pending *r = &pend_pool[npend];
-            struct timespec zero = {0, 0};
-            ck_memset(r, 0, sizeof(*r));
-            if (ck_rt_sigtimedwait(&bit, r->info, &zero) != s)
-                break;
-            r->tid = shared ? 0 : tid;
-            r->signo = s;
-            r->has_info = 1;
-            npend++;
         }
     }
     for (uint32_t i = first; i < npend; i++) {
         struct ck_pending *r = &pend_pool[i];
-        long rc = shared ? ck_sc3(SYS_rt_sigqueueinfo, pid, r->signo, r->info)
-                         : ck_rt_tgsigqueueinfo(pid, tid, r->signo, r->info);
+        long rc = r->tid ? ck_rt_tgsigqueueinfo(pid, tid, r->signo, r->info)
+                         : ck_sc3(SYS_rt_sigqueueinfo, pid, r->signo, r->info);
         if (rc < 0)
             pend_failed = 2;
     }
@@ -267,7 +272,9 @@ static void quiesce_handler(int sig, siginfo_t *si, void *ucv)
         uint64_t mask;
         ck_memcpy(&mask, &uc->uc_sigmask, sizeof(mask));
         ck_fill_thread(t, mask);
-        ck_take_pending(0);
+        /* the process-wide queue is the leader's to take: the kernel lets a
+         * siginfo of any origin be queued again process-wide only by it */
+        ck_take_pending((t->flags & CK_THREAD_MAIN) ? CK_TAKE_OWN | CK_TAKE_SHARED : CK_TAKE_OWN);
         if (ck_save_ctx(&t->ctx) == 0) {
             __atomic_fetch_add(&parked, 1, __ATOMIC_RELEASE);
             ck_futex_wake_all(&parked);

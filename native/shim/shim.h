@@ -77,7 +77,9 @@ void ck_quiesce_after_fork(void) CK_HIDDEN;  /* a forked child starts outside an
 /* records of the parked threads, valid while parked */
 struct ck_thread *ck_parked_threads(uint32_t *n) CK_HIDDEN;
 /* quiesce.c: pending signals taken with their siginfo and queued again */
-void ck_take_pending(int shared) CK_HIDDEN;
+#define CK_TAKE_OWN 1     /* the calling thread's own queue */
+#define CK_TAKE_SHARED 2  /* the process-wide queue */
+void ck_take_pending(int which) CK_HIDDEN;
 struct ck_pending *ck_taken_pending(uint32_t *n, uint32_t *failed) CK_HIDDEN;
 void ck_fill_thread(struct ck_thread *t, uint64_t sigmask) CK_HIDDEN;
 /* after a restore: wait until every parked thread is back in shim code */

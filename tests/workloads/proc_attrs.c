@@ -11,9 +11,10 @@
  *             (effective, permitted, inheritable, ambient, bounding), with a child
  *             forked after the drop and a second thread
  *   seccomp   a seccomp filter (refused)
- *   sigqueue  signals queued with a value and kept blocked: three instances of an
- *             RT signal process-wide, one SIGUSR1 to the second thread; taken at
- *             the last step, each with its siginfo, in order
+ *   sigqueue  signals kept blocked: three instances of an RT signal queued with
+ *             values process-wide, a SIGUSR1 with a value and a pthread_kill()ed
+ *             SIGPIPE to the second thread, a kill()ed SIGUSR2; taken at the
+ *             last step, each with its siginfo, in order
  */
 #define _GNU_SOURCE
 #include "state_check.h"
@@ -87,6 +88,11 @@ static void *helper(void *arg)
             answer_slack = sigtimedwait(&one, &si, &zero) == SIGUSR1 && si.si_code == SI_QUEUE && si.si_pid == getpid()
                                ? si.si_value.sival_int
                                : -1;
+            sigemptyset(&one);
+            sigaddset(&one, SIGPIPE);
+            if (sigtimedwait(&one, &si, &zero) != SIGPIPE || si.si_pid != getpid())
+                answer_slack = -2;
+            answer_nnp = si.si_code;  /* printed: the same as without a restart */
             __atomic_store_n(&answered, want, __ATOMIC_RELEASE);
         } else if (want != answered) {
             uid_t r, e, s;
@@ -285,6 +291,8 @@ static void block_signals(void)
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGUSR1);
+    sigaddset(&set, SIGUSR2);
+    sigaddset(&set, SIGPIPE);
     sigaddset(&set, SIGRTMIN + 2);
     CHECK(pthread_sigmask(SIG_BLOCK, &set, 0) == 0, "block");
 }
@@ -295,6 +303,8 @@ static void check_sigqueue(int step)
         for (int v = 111; v <= 333; v += 111)
             CHECK(sigqueue(getpid(), SIGRTMIN + 2, (union sigval){.sival_int = v}) == 0, "sigqueue");
         CHECK(pthread_sigqueue(helper_thread, SIGUSR1, (union sigval){.sival_int = 444}) == 0, "pthread_sigqueue");
+        CHECK(kill(getpid(), SIGUSR2) == 0, "kill");                   /* SI_USER, process-wide */
+        CHECK(pthread_kill(helper_thread, SIGPIPE) == 0, "pthread_kill");  /* SI_TKILL, to the thread */
     }
     sigset_t pend;
     sigpending(&pend);
@@ -314,8 +324,15 @@ static void check_sigqueue(int step)
         CHECK(si.si_value.sival_int == v, "value %d, queued %d", si.si_value.sival_int, v);
     }
     CHECK(sigtimedwait(&one, 0, &zero) < 0 && errno == EAGAIN, "one RT signal more than was queued");
+    sigemptyset(&one);
+    sigaddset(&one, SIGUSR2);
+    siginfo_t si;
+    CHECK(sigtimedwait(&one, &si, &zero) == SIGUSR2, "SIGUSR2 is gone");
+    CHECK(si.si_pid == getpid() && si.si_uid == getuid(), "SIGUSR2 siginfo pid %d", si.si_pid);
+    printf("SIGUSR2 code %d\n", si.si_code);
     ask_helper(-1);
-    CHECK(answer_slack == 444, "the second thread's SIGUSR1 has value %ld", answer_slack);
+    CHECK(answer_slack == 444, "the second thread's SIGUSR1 has value %ld (-2: its SIGPIPE is gone)", answer_slack);
+    printf("SIGPIPE code %ld\n", answer_nnp);
 }
 
 /* ---- seccomp ---- */
