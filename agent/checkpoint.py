@@ -48,7 +48,7 @@ from ckptd.v1 import ckptd_pb2 as pb
 
 from .descriptions import shared_descriptions
 from .gpu import DeviceMemory, cuda_pids
-from .owner import Owner, check_owned_tree, give_dir, open_to_owner
+from .owner import Owner, check_owned_tree, fs_ids, give_dir, open_to_owner
 from .process_state import stopped, why_not_saveable
 from .progress import Transfer, Transfers, resident_anon
 from .runtime import JobRuntime, exe_of, ns_pid
@@ -377,7 +377,9 @@ class Checkpointer:
         pdir = Path(directory) / f"proc-{conn.pid}"
         try:
             pdir.mkdir(parents=True, exist_ok=False)
-            give_dir(pdir, owner)  # the process writes its image there as the job's owner
+            # the process writes its image there as the job's owner (or, in a root
+            # job, as the ids it has taken)
+            give_dir(pdir, owner, fs_ids(conn.host_pid))
         except OSError as e:
             raise _storage_error(f"{e.strerror} (errno {e.errno})", directory) from e
         # the image's final place, relative to the job's directory: a later
@@ -445,7 +447,8 @@ class Checkpointer:
         # incremental one holds is known only once written
         total = 0 if request.parent else sum(resident_anon(c.host_pid) for c in conns)
         writing = Transfer("writing", total, probe=lambda: _bytes_under(Path(request.dir)))
-        if job.owner.switch:  # the job's processes, as its owner, pass through the round's directories
+        # the job's processes, as its owner (or a root job's, as any uid), pass through the round's directories
+        if job.owner.switch or job.owner.any_uid:
             rdir = Path(request.dir)
             try:
                 for d in (rdir.parent, rdir) if rdir.name.startswith("rank-") else (rdir,):

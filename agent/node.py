@@ -205,9 +205,13 @@ class AgentNode:
         with self.lock:
             job = self.jobs.get(conn.job)
         if job is None:
+            conn.drop_pidfd()
             log.warning("process %d says it belongs to unknown job %r; ignoring it", conn.host_pid, conn.job)
             return
-        why = job.refuses(conn)  # SO_PEERCRED: its uid, and its place in the job's process tree
+        try:
+            why = job.refuses(conn)  # SO_PEERCRED: its uid, and its place in the job's process tree
+        finally:
+            conn.drop_pidfd()  # needed only there
         if why:
             log.warning("process %d says it belongs to job %s, but %s; ignoring it", conn.host_pid, job.name, why)
             conn.close()
@@ -251,13 +255,17 @@ class AgentNode:
     def _shim_socket(self, job: JobRuntime) -> None:
         """Another user's job reaches the agent through that user's own shim socket."""
         owner = job.owner
-        if not owner.switch:
+        if not owner.switch and not owner.any_uid:
             return
         with self.lock:
             server = self.owner_shims.get(owner.uid)
             if server is None:
                 path = owner_shim_socket(self.home, self.node, owner)
-                server = ShimServer(path, self._on_hello, self._on_close, owner=(owner.uid, owner.gid))
+                # a root job's processes may have dropped to any uid: every uid may
+                # connect, and JobRuntime.refuses checks each is a process of the job
+                server = ShimServer(
+                    path, self._on_hello, self._on_close, owner=(owner.uid, owner.gid), any_uid=owner.any_uid
+                )
                 server.start()
                 self.owner_shims[owner.uid] = server
         job.shim_socket = server.path

@@ -64,6 +64,14 @@ class Owner:
         job of a non-root user)."""
         return self.uid != os.geteuid()
 
+    @property
+    def any_uid(self) -> bool:
+        """Whether the job's processes may run as any uid: a root agent's job
+        of root, which may drop privileges (setresuid, setgroups) as a root
+        service does.  Its shim socket is open to every uid, its image
+        directories go to the uid a process writes with (give_dir)."""
+        return self.uid == 0 and os.geteuid() == 0
+
     def env(self) -> dict[str, str]:
         return {"HOME": self.home, "USER": self.name, "LOGNAME": self.name}
 
@@ -248,7 +256,7 @@ def open_to_owner(directory: Path, owner: Owner) -> None:
     """A directory of the agent's on checkpoint storage that the owner's
     processes must pass through (the job's, a round's): 0711, so that they
     reach their own files in it and list nothing."""
-    if not owner.switch:
+    if not owner.switch and not owner.any_uid:
         return
     fd = _open_dir(directory)
     try:
@@ -259,17 +267,36 @@ def open_to_owner(directory: Path, owner: Owner) -> None:
         os.close(fd)
 
 
-def give_dir(path: Path, owner: Owner) -> None:
+def give_dir(path: Path, owner: Owner, writer: tuple[int, int] | None = None) -> None:
     """A directory the agent has just made for the owner's processes (a
-    process's image directory): theirs, 0700."""
-    if not owner.switch:
+    process's image directory): theirs, 0700.  writer (uid, gid): the
+    filesystem ids the process writes with, when a root job's process has
+    dropped privileges (Owner.any_uid): the directory is that uid's."""
+    if owner.switch:
+        uid, gid = owner.uid, owner.gid
+    elif owner.any_uid and writer is not None and writer[0] != owner.uid:
+        uid, gid = writer
+    else:
         return
     fd = _open_dir(path)
     try:
-        os.fchown(fd, owner.uid, owner.gid)
+        os.fchown(fd, uid, gid)
         os.fchmod(fd, 0o700)
     finally:
         os.close(fd)
+
+
+def fs_ids(host_pid: int) -> tuple[int, int] | None:
+    """A process's filesystem uid and gid (what it creates files as)."""
+    ids = {}
+    try:
+        for line in Path(f"/proc/{host_pid}/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key in ("Uid", "Gid"):
+                ids[key] = int(value.split()[3])
+    except (OSError, ValueError, IndexError):
+        return None
+    return (ids["Uid"], ids["Gid"]) if len(ids) == 2 else None
 
 
 def check_storage(ckpt_dir: Path, owner: Owner, node: str) -> None:
@@ -331,8 +358,11 @@ def check_owned_tree(directory: Path, owner: Owner) -> None:
     """What the owner's processes wrote into a directory the agent reads as
     root (a process's image directory): only directories and regular files
     of the owner's, each with one name, or the checkpoint is refused."""
+    uid = owner.uid
     if not owner.switch:
-        return
+        uid = os.lstat(directory).st_uid  # given to a root job's process with other ids (give_dir)
+        if not owner.any_uid or uid == os.geteuid():
+            return
     for root, dirs, files in os.walk(directory):
         for name in dirs + files:
             p = Path(root) / name
@@ -340,7 +370,7 @@ def check_owned_tree(directory: Path, owner: Owner) -> None:
             kind = stat.S_IFMT(st.st_mode)
             if (
                 kind not in (stat.S_IFDIR, stat.S_IFREG)
-                or st.st_uid != owner.uid
+                or st.st_uid != uid
                 or (kind == stat.S_IFREG and st.st_nlink != 1)
             ):
                 raise CkptdError(

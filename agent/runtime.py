@@ -37,7 +37,7 @@ from ckptd.paths import Home, JobDir, job_umask
 from ckptd.v1 import ckptd_pb2 as pb
 
 from .lazy import LazyFill
-from .owner import Owner, files_as, job_work_dir, prepare_job_dir, resolve_owner
+from .owner import Owner, files_as, job_work_dir, open_to_owner, prepare_job_dir, resolve_owner
 from .shim_link import ShimConnection
 
 log = logging.getLogger(__name__)
@@ -254,9 +254,13 @@ class JobRuntime:
 
     def refuses(self, conn: ShimConnection) -> str:
         """Why a process's HELLO naming this job is not taken ("" if it is):
-        it must run as the job's owner and be in the job's process tree."""
-        if conn.uid != self.owner.uid:
+        it must run as the job's owner (any uid in a root job, whose processes
+        may drop privileges: Owner.any_uid) and be in the job's process tree."""
+        other_uid = conn.uid != self.owner.uid
+        if other_uid and not self.owner.any_uid:
             return f"it runs as uid {conn.uid}, the job as {self.owner.uid}"
+        if other_uid and conn.pidfd is None:
+            return f"it runs as uid {conn.uid}, and this kernel cannot name the process behind a socket (SO_PEERPIDFD)"
         deadline = time.monotonic() + 10
         with self.cond:  # a process may say HELLO before spawn has recorded its incarnation
             while self._spawning and time.monotonic() < deadline:
@@ -267,7 +271,9 @@ class JobRuntime:
         pid = conn.host_pid
         for _ in range(4096):
             if pid == inc.init_pid:
-                return ""
+                # the ancestry read was the connecting process's own, not a
+                # later one's with its pid (the socket is open to every uid)
+                return "" if conn.alive() else "it exited"
             if pid <= 1:
                 break
             try:
@@ -294,6 +300,8 @@ class JobRuntime:
         rt = self._runtime_dir(generation)
         control = self.home.init_socket(self.name, generation)
         shared = rt  # where the job's processes write
+        if self.owner.any_uid:  # a root job's processes may write their images as other uids
+            open_to_owner(self.job_dir.path, self.owner)
         if self.owner.switch:
             # another user's job: what its processes write is in that user's directory
             prepare_job_dir(self.job_dir.path, [self.job_dir.log, self.job_dir.index], self.owner, self.node)

@@ -27,6 +27,7 @@ import logging
 import os
 import queue
 import select
+import signal
 import socket
 import struct
 import threading
@@ -38,6 +39,8 @@ from pathlib import Path
 from ckptd.errors import CkptdError, Code
 
 log = logging.getLogger(__name__)
+
+SO_PEERPIDFD = 77  # <linux/socket.h>; not in Python 3.11's socket module
 
 
 def encode_value(value: str) -> bytes:
@@ -103,6 +106,12 @@ class ShimConnection:
         self.sock = sock
         creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
         self.host_pid, self.uid, self.gid = struct.unpack("3i", creds)
+        # the peer process itself (Linux >= 6.5), whatever becomes of its pid:
+        # JobRuntime.refuses checks it is still alive after reading its ancestry
+        try:
+            self.pidfd: int | None = sock.getsockopt(socket.SOL_SOCKET, SO_PEERPIDFD)
+        except OSError:
+            self.pidfd = None
         self.hello: Message | None = None
         self._replies: queue.Queue[Message | None] = queue.Queue()
         self._late = 0  # requests that timed out: their replies, if any, are still to come
@@ -110,6 +119,24 @@ class ShimConnection:
         self._on_close = on_close
         self.closed = threading.Event()
         self._file = sock.makefile("rb")
+
+    def alive(self) -> bool:
+        """Whether the process that connected still lives (its pid was not
+        reused meanwhile); True where the kernel gives no pidfd."""
+        if self.pidfd is None:
+            return True
+        try:
+            signal.pidfd_send_signal(self.pidfd, 0)
+        except ProcessLookupError:
+            return False
+        except OSError:
+            return True  # a zombie, or EPERM: the pid is still its own
+        return True
+
+    def drop_pidfd(self) -> None:
+        fd, self.pidfd = self.pidfd, None
+        if fd is not None:
+            os.close(fd)
 
     @property
     def job(self) -> str:
@@ -215,10 +242,12 @@ class ShimServer:
         on_hello: Callable[[ShimConnection], None],
         on_close: Callable[[ShimConnection], None],
         owner: tuple[int, int] | None = None,
+        any_uid: bool = False,
     ) -> None:
         """owner (uid, gid): the socket of another user's jobs (agent/owner.py),
         theirs and 0600 (connecting needs write permission), in a directory
-        only root may change."""
+        only root may change; any_uid: 0666, the socket of root's jobs, whose
+        processes may have dropped to any uid (Owner.any_uid)."""
         self.path = path
         self._on_hello = on_hello
         self._on_close = on_close
@@ -228,7 +257,7 @@ class ShimServer:
         self._sock.bind(str(path))
         if owner is not None:
             os.chown(path, *owner, follow_symlinks=False)
-            os.chmod(path, 0o600)
+            os.chmod(path, 0o666 if any_uid else 0o600)
         else:
             os.chmod(path, 0o700)
         self._sock.listen(128)
@@ -253,6 +282,7 @@ class ShimServer:
             conn.read_hello(timeout=10)
         except (OSError, ConnectionError) as e:
             log.warning("shim connection from pid %d dropped: %s", conn.host_pid, e)
+            conn.drop_pidfd()
             sock.close()
             return
         conn.start_reader()

@@ -172,6 +172,15 @@ CK_ALWAYS_INLINE long ck_get_robust_list(int tid, void **head, size_t *len) { re
 CK_ALWAYS_INLINE long ck_rseq(void *area, uint32_t len, int flags, uint32_t sig) { return ck_sc4(SYS_rseq, area, len, flags, sig); }
 CK_ALWAYS_INLINE long ck_capget(struct ck_cap_header *h, struct ck_cap_data *d) { return ck_sc2(SYS_capget, h, d); }
 CK_ALWAYS_INLINE long ck_capset(struct ck_cap_header *h, const struct ck_cap_data *d) { return ck_sc2(SYS_capset, h, d); }
+/* credentials: raw calls change the calling thread only (glibc's wrappers change every thread) */
+CK_ALWAYS_INLINE long ck_getresuid(uint32_t *r, uint32_t *e, uint32_t *s) { return ck_sc3(SYS_getresuid, r, e, s); }
+CK_ALWAYS_INLINE long ck_getresgid(uint32_t *r, uint32_t *e, uint32_t *s) { return ck_sc3(SYS_getresgid, r, e, s); }
+CK_ALWAYS_INLINE long ck_setresuid(uint32_t r, uint32_t e, uint32_t s) { return ck_sc3(SYS_setresuid, r, e, s); }
+CK_ALWAYS_INLINE long ck_setresgid(uint32_t r, uint32_t e, uint32_t s) { return ck_sc3(SYS_setresgid, r, e, s); }
+CK_ALWAYS_INLINE long ck_setfsuid(uint32_t id) { return ck_sc1(SYS_setfsuid, id); }  /* returns the old fsuid */
+CK_ALWAYS_INLINE long ck_setfsgid(uint32_t id) { return ck_sc1(SYS_setfsgid, id); }
+CK_ALWAYS_INLINE long ck_getgroups(int n, uint32_t *list) { return ck_sc2(SYS_getgroups, n, list); }
+CK_ALWAYS_INLINE long ck_setgroups(long n, const uint32_t *list) { return ck_sc2(SYS_setgroups, n, list); }
 CK_ALWAYS_INLINE long ck_getitimer(int which, struct itimerval *v) { return ck_sc2(SYS_getitimer, which, v); }
 CK_ALWAYS_INLINE long ck_setitimer(int which, const struct itimerval *v) { return ck_sc3(SYS_setitimer, which, v, 0); }
 CK_ALWAYS_INLINE long ck_prlimit(int res, const struct rlimit *nl, struct rlimit *ol) { return ck_sc4(SYS_prlimit64, 0, res, nl, ol); }

@@ -292,6 +292,7 @@ static void phase2(uint64_t core_addr)
     rst_parse_image(&im, (const uint8_t *)core_addr, rst.core_size);
     rst_park_specials();
     rst_unmap_all_but_hole();
+    rst_restore_thp(&im);
     rst_map_image(&im);
     ck_close(rst.pages_fd);
     for (uint64_t i = 0; i < im.nsources; i++)

@@ -190,6 +190,11 @@ void rst_restore_epolls(const struct rst_image *im);  /* epoll.c: once every des
 
 /* proc.c */
 void rst_restore_limits(const struct rst_image *im);
+void rst_restore_thp(const struct rst_image *im);
+void rst_queue_pending_of(const struct rst_image *im, int tid);
+void rst_restore_attrs(const struct rst_image *im);
+const uint32_t *rst_groups(const struct rst_image *im);
+void rst_restore_dumpable(const struct rst_image *im);
 void rst_restore_process(const struct rst_image *im);
 void rst_queue_pending(const struct rst_image *im);
 void rst_arm_timers(const struct rst_image *im);

@@ -9,8 +9,7 @@
 
 #include <errno.h>
 #include <sys/prctl.h>
-
-#define RSEQ_CPU_ID_REGISTRATION_FAILED (-2)
+#include <linux/securebits.h>
 
 struct rst_clone_args {
     uint64_t flags, pidfd, child_tid, parent_tid, exit_signal;
@@ -20,6 +19,74 @@ struct rst_clone_args {
 static volatile uint32_t ready;  /* futex: threads set up and waiting */
 static volatile uint32_t go;     /* futex: everything is in place */
 
+static const struct rst_image *cur_im;  /* for the cloned threads */
+static const uint32_t *saved_groups;  /* the process's supplementary groups (in the core image) */
+static uint32_t saved_ngroups;
+
+static void thread_fail(const char *what, const struct ck_thread *t, long rc)
+{
+    char detail[32];
+    struct ck_buf b;
+    ck_buf_init(&b, detail, sizeof(detail));
+    ck_buf_str(&b, "tid ");
+    ck_buf_i64(&b, t->tid);
+    rst_fail(what, detail, rc);
+}
+
+/* Raw calls: each changes the calling thread only, and every thread sets
+ * its own.  While the restorer is privileged: the bounding set first (it
+ * needs CAP_SETPCAP), groups, gids, then uids, keeping the permitted
+ * capabilities across the change (keep-caps) so that jump_when_told can
+ * set the recorded ones. */
+static void restore_creds(const struct ck_thread *t)
+{
+    for (int c = 0; c < 64; c++) {
+        long in = ck_prctl(PR_CAPBSET_READ, (unsigned long)c, 0, 0, 0);
+        if (in < 0)
+            break;
+        if (in > 0 && !(t->cap_bounding & (1ull << c))) {
+            long rc = ck_prctl(PR_CAPBSET_DROP, (unsigned long)c, 0, 0, 0);
+            if (rc < 0)
+                thread_fail("cannot drop a capability from the bounding set again (needs CAP_SETPCAP)", t, rc);
+        }
+    }
+    long rc = ck_setgroups(saved_ngroups, saved_groups);
+    if (rc < 0) {
+        /* no CAP_SETGID (a user's job): only the same list will do */
+        uint32_t now[256];
+        long n = saved_ngroups <= 256 ? ck_getgroups(256, now) : -1;
+        if (n != (long)saved_ngroups || ck_memcmp(now, saved_groups, (size_t)n * 4) != 0)
+            thread_fail("cannot set the supplementary groups again (needs CAP_SETGID)", t, rc);
+    }
+    uint32_t u[4], g[4];
+    ck_getresuid(&u[0], &u[1], &u[2]);
+    ck_getresgid(&g[0], &g[1], &g[2]);
+    u[3] = (uint32_t)ck_setfsuid(~0u);
+    g[3] = (uint32_t)ck_setfsgid(~0u);
+    if (!ck_memcmp(u, t->uid, sizeof(u)) && !ck_memcmp(g, t->gid, sizeof(g)))
+        return;
+    ck_prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0);
+    rc = ck_setresgid(t->gid[0], t->gid[1], t->gid[2]);
+    if (rc < 0)
+        thread_fail("cannot take the process's group ids again (needs CAP_SETGID)", t, rc);
+    ck_setfsgid(t->gid[3]);
+    rc = ck_setresuid(t->uid[0], t->uid[1], t->uid[2]);
+    if (rc < 0)
+        thread_fail("cannot take the process's user ids again (needs CAP_SETUID)", t, rc);
+    /* a change of uid empties the effective set: take it back from the
+     * permitted one for what is left (setfsuid, the restore's last steps) */
+    struct ck_cap_header h = {CK_CAP_VERSION_3, 0};
+    struct ck_cap_data d[2];
+    if (ck_capget(&h, d) == 0) {
+        d[0].effective = d[0].permitted;
+        d[1].effective = d[1].permitted;
+        ck_capset(&h, d);
+    }
+    ck_setfsuid(t->uid[3]);
+    if ((uint32_t)ck_setfsuid(~0u) != t->uid[3] || (uint32_t)ck_setfsgid(~0u) != t->gid[3])
+        thread_fail("cannot take the process's filesystem ids again", t, 0);
+}
+
 static void thread_setup(const struct ck_thread *t)
 {
     if (t->robust_list)
@@ -27,12 +94,29 @@ static void thread_setup(const struct ck_thread *t)
     if (t->gs_base)
         ck_arch_prctl(ARCH_SET_GS, t->gs_base);
     if (t->rseq_addr) {
+        /* exactly the recorded registration, or no restart: a program that
+         * checks its own (a second rseq() answering EBUSY) would see it gone */
         long rc = ck_rseq((void *)t->rseq_addr, t->rseq_len, 0, t->rseq_sig);
-        if (rc < 0)  /* glibc then falls back to the getcpu system call */
-            *(volatile int32_t *)(t->rseq_addr + 4) = RSEQ_CPU_ID_REGISTRATION_FAILED;
+        if (rc < 0)
+            thread_fail("cannot register the thread's rseq area again", t, rc);
     }
     if (t->comm[0])
         ck_prctl(PR_SET_NAME, (unsigned long)t->comm, 0, 0, 0);
+    restore_creds(t);
+    /* after the credentials: a change of effective ids clears the parent-death signal */
+    long rc = ck_prctl(PR_SET_PDEATHSIG, (unsigned long)t->pdeathsig, 0, 0, 0);
+    if (rc < 0)
+        thread_fail("cannot set the parent-death signal again", t, rc);
+    if (t->timer_slack_ns && (uint64_t)ck_prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0) != t->timer_slack_ns) {
+        rc = ck_prctl(PR_SET_TIMERSLACK, t->timer_slack_ns, 0, 0, 0);
+        if (rc < 0)
+            thread_fail("cannot set the timer slack again", t, rc);
+    }
+    if (t->no_new_privs) {
+        rc = ck_prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+        if (rc < 0)
+            thread_fail("cannot set no_new_privs again", t, rc);
+    }
 }
 
 __attribute__((noreturn)) static void jump_when_told(const struct ck_thread *t)
@@ -53,12 +137,18 @@ __attribute__((noreturn)) static void jump_when_told(const struct ck_thread *t)
     }
     if (ck_capset(&h, d) < 0)
         ck_exit_group(1);  /* never run the job with the restorer's privileges */
+    for (int c = 0; c < 64; c++)
+        if ((t->cap_ambient & (1ull << c)) && ck_prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, (unsigned long)c, 0, 0) < 0)
+            ck_exit_group(1);  /* what the job had, or it does not run */
+    if (ck_prctl(PR_SET_KEEPCAPS, (t->securebits & SECBIT_KEEP_CAPS) != 0, 0, 0, 0) < 0)
+        ck_exit_group(1);
     rst_jump_ctx(&t->ctx);
 }
 
 __attribute__((noreturn)) static void thread_entry(const struct ck_thread *t)
 {
     thread_setup(t);
+    rst_queue_pending_of(cur_im, t->tid);  /* its own: only it may (proc.c) */
     __atomic_fetch_add(&ready, 1, __ATOMIC_ACQ_REL);
     ck_futex_wake_all(&ready);
     jump_when_told(t);
@@ -96,6 +186,9 @@ void rst_restore_threads(const struct rst_image *im)
     if (!main || main->tid != pid)
         rst_fail("corrupt image: no main thread with the process id", 0, 0);
 
+    cur_im = im;
+    saved_groups = rst_groups(im);
+    saved_ngroups = im->proc->ngroups;
     uint32_t clones = 0;
     for (uint32_t i = 0; i < im->nthreads; i++) {
         const struct ck_thread *t = &im->threads[i];
@@ -137,9 +230,10 @@ void rst_restore_threads(const struct rst_image *im)
     long rc = ck_arch_prctl(ARCH_SET_FS, main->fs_base);
     if (rc < 0)
         rst_fail("cannot restore the main thread's TLS base", 0, rc);
+    rst_restore_limits(im);  /* while privileged: raising a hard limit needs CAP_SYS_RESOURCE */
     thread_setup(main);
     rst_restore_fd_owners(im);  /* a thread may be a SIGIO owner: now they all exist */
-    rst_restore_limits(im);
+    rst_restore_dumpable(im);  /* every thread has its credentials now */
     rst_queue_pending(im);
     write_restart_info(im);
     rst_arm_timers(im);

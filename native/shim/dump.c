@@ -12,6 +12,7 @@
 
 #include <errno.h>
 #include <sys/prctl.h>
+#include <linux/securebits.h>
 
 /* a few MiB of /proc text at most: stat, status, auxv */
 static char procbuf[65536];
@@ -257,14 +258,95 @@ static int dump_proc(struct ck_image *im)
     return 0;
 }
 
+static int64_t read_proc_int(const char *path, int64_t missing)
+{
+    char buf[32];
+    long n = ck_read_file(path, buf, sizeof(buf) - 1);
+    if (n <= 0)
+        return missing;
+    buf[n] = 0;
+    return ck_parse_i64(buf, 0);
+}
+
+/*
+ * Process-wide attributes the restorer sets again (proc.c), and the ones it
+ * cannot, refused here while the job runs on: a seccomp filter, securebits
+ * other than keep-caps, threads with different supplementary groups, an
+ * rseq registration the shim cannot identify, dumpable mode 2.
+ */
+static int dump_attrs(struct ck_image *im)
+{
+    struct ck_proc *p = &im->proc;
+    char path[64], status[4096], self_groups[1024];
+    struct ck_buf b;
+    int v = 0;
+
+    p->oom_score_adj = (int32_t)read_proc_int("/proc/self/oom_score_adj", 0);
+    p->loginuid = (uint32_t)read_proc_int("/proc/self/loginuid", 0xffffffff);
+    ck_prctl(PR_GET_CHILD_SUBREAPER, (unsigned long)&v, 0, 0, 0);
+    p->child_subreaper = v != 0;
+    long thp = ck_prctl(PR_GET_THP_DISABLE, 0, 0, 0, 0);
+    p->thp_disable = thp > 0 ? (uint32_t)thp : 0;
+
+    uint32_t *groups = ck_arena_alloc(65536 * sizeof(uint32_t));
+    long ng = groups ? ck_getgroups(65536, groups) : -ENOMEM;
+    if (ng < 0)
+        return ck_image_fail(im, "cannot read the supplementary groups", 0, ng);
+    p->ngroups = (uint32_t)ng;
+    p->groups_off = ck_table_bytes_append(&im->blob, groups, (size_t)ng * sizeof(uint32_t));
+    if (ng && p->groups_off == UINT64_MAX)
+        return ck_image_fail(im, "too much data to checkpoint", 0, 0);
+
+    long n = ck_read_file("/proc/thread-self/status", status, sizeof(status) - 1);
+    if (n < 0)
+        return ck_image_fail(im, "cannot read /proc/thread-self/status", 0, n);
+    status[n] = 0;
+    ck_strlcpy(self_groups, status_line(status, "Groups:"), sizeof(self_groups));
+    for (char *q = self_groups; *q; q++)
+        if (*q == '\n')
+            *q = 0;
+    for (size_t i = 0; i < im->threads.count; i++) {
+        struct ck_thread *t = ck_table_at(&im->threads, i);
+        if (t->flags & CK_THREAD_RSEQ_UNKNOWN)
+            return ck_image_fail(im, "a thread has an rseq registration the shim did not see made (not through glibc or syscall()); ckptd cannot restore it", 0, 0);
+        if (t->securebits & ~(uint32_t)SECBIT_KEEP_CAPS)
+            return ck_image_fail(im, "a thread has securebits set other than keep-caps (PR_SET_SECUREBITS); ckptd cannot restore them", 0, 0);
+        ck_buf_init(&b, path, sizeof(path));
+        ck_buf_str(&b, "/proc/self/task/");
+        ck_buf_u64(&b, (uint64_t)t->tid);
+        ck_buf_str(&b, "/status");
+        long len = ck_read_file(path, status, sizeof(status) - 1);
+        if (len <= 0)
+            continue;
+        status[len] = 0;
+        if (ck_parse_u64(ck_skip_spaces(status_line(status, "Seccomp:")), 10, 0) != 0)
+            return ck_image_fail(im, "the process runs under seccomp (strict mode or a filter); ckptd cannot restore seccomp filters", 0, 0);
+        const char *g = status_line(status, "Groups:");
+        size_t gl = ck_strlen(self_groups);
+        if (ck_strncmp(g, self_groups, gl) != 0 || (g[gl] != '\n' && g[gl] != 0))
+            return ck_image_fail(im, "the process's threads have different supplementary groups (raw setgroups); ckptd restores one list per process", 0, 0);
+    }
+    return 0;
+}
+
+/* signals in `set` pending on thread tid that were not taken with their
+ * siginfo (they arrived after it parked): raised again bare, as before */
 static int add_pending(struct ck_image *im, int tid, uint64_t set)
 {
     for (int s = 1; s <= 64; s++) {
         if (!(set & (1ull << (s - 1))) || s == ck_shim.quiesce_signal)
             continue;
+        int taken = 0;
+        for (size_t i = 0; i < im->pending.count && !taken; i++) {
+            struct ck_pending *pe = ck_table_at(&im->pending, i);
+            taken = pe->tid == tid && pe->signo == s;
+        }
+        if (taken)
+            continue;
         struct ck_pending *pe = ck_table_push(&im->pending);
         if (!pe)
             return ck_image_fail(im, "too many pending signals", 0, 0);
+        ck_memset(pe, 0, sizeof(*pe));
         pe->tid = tid;
         pe->signo = s;
     }
@@ -289,6 +371,21 @@ static int capture_timers_and_pending(struct ck_image *im)
             im->proc.itimers[i].value_sec = v.it_value.tv_sec;
             im->proc.itimers[i].value_usec = v.it_value.tv_usec;
         }
+    }
+    /* the checkpoint thread's own queue; the parked threads took theirs as
+     * they parked, the main thread the process-wide one too (quiesce.c) */
+    ck_take_pending(CK_TAKE_OWN);
+    uint32_t ntaken, failed;
+    struct ck_pending *taken = ck_taken_pending(&ntaken, &failed);
+    if (failed == 1)
+        return ck_image_fail(im, "more than 4096 signals are queued in the process; ckptd keeps at most 4096", 0, 0);
+    if (failed)
+        return ck_image_fail(im, "a pending signal could not be queued again after reading it", 0, 0);
+    for (uint32_t i = 0; i < ntaken; i++) {
+        struct ck_pending *pe = ck_table_push(&im->pending);
+        if (!pe)
+            return ck_image_fail(im, "too many pending signals", 0, 0);
+        ck_memcpy(pe, &taken[i], sizeof(*pe));
     }
     long n = ck_read_file("/proc/self/status", procbuf, sizeof(procbuf) - 1);
     if (n < 0)
@@ -470,6 +567,19 @@ int ck_dump(const struct ck_dump_args *a, struct ck_dump_stats *st, char *err, s
         return CK_DUMP_ERROR;
     }
     ck_image_add_own_fd(&im, im.dirfd);
+    /* A process that changed its ids is not dumpable: its /proc files are
+     * root's, and it could not read its own auxv, pagemap or mem.  It is
+     * parked: dumpable for the dump, as it was afterwards (and restored so). */
+    long dumpable = ck_prctl(PR_GET_DUMPABLE, 0, 0, 0, 0);
+    if (dumpable != 0 && dumpable != 1) {
+        ck_image_fail(&im, "the process is dumpable only by root (suid_dumpable mode 2), which ckptd cannot set again", 0, 0);
+        ck_close(im.dirfd);
+        return CK_DUMP_ERROR;
+    }
+    im.proc.dumpable = (uint32_t)dumpable;
+    if (!dumpable)
+        ck_prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
+
     int bad_key;
     im.key = ck_seal_take_key(a->key_hex, &bad_key);  /* launch --encrypt (writeout.c) */
     if (im.key)
@@ -477,6 +587,8 @@ int ck_dump(const struct ck_dump_args *a, struct ck_dump_stats *st, char *err, s
     if (bad_key || ck_seal_begin(&im) < 0) {
         if (bad_key)
             ck_image_fail(&im, "cannot encrypt: the key is malformed or this CPU lacks AES-NI/PCLMULQDQ", 0, 0);
+        if (!dumpable)
+            ck_prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
         ck_close(im.dirfd);
         return CK_DUMP_ERROR;
     }
@@ -487,6 +599,8 @@ int ck_dump(const struct ck_dump_args *a, struct ck_dump_stats *st, char *err, s
     im.keep_cached = a->keep_cached;
     if (rc == 0)
         rc = dump_threads(&im, &self);
+    if (rc == 0)
+        rc = dump_attrs(&im);
     if (rc == 0)
         rc = ck_dump_fds(&im);
     if (rc == 0)
@@ -502,6 +616,8 @@ int ck_dump(const struct ck_dump_args *a, struct ck_dump_stats *st, char *err, s
         /* last: the writer forked here sees the memory core.img describes */
         rc = ck_writeout_start(&im, a->dir);
     }
+    if (!dumpable)
+        ck_prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     ck_seal_end();
     if (im.pages_fd >= 0)
         ck_close(im.pages_fd);  /* the writer holds its own copy */

@@ -217,6 +217,8 @@ CK_EXPORT long syscall(long n, ...)
     long rc = (n == SYS_io_uring_setup && ck_shim.hide_io_uring) ? -ENOSYS
               : n == SYS_futex ? ck_eintr_futex(a[0], a[1], a[2], a[3], a[4], a[5])  /* eintr.c */
                                : ck_sc6(n, a[0], a[1], a[2], a[3], a[4], a[5]);
+    if (n == SYS_rseq && rc == 0)
+        ck_rseq_registered(a[0], (uint32_t)a[1], (int)a[2], (uint32_t)a[3]);  /* quiesce.c */
     if (rc < 0 && rc > -4096) {
         errno = (int)-rc;
         return -1;

@@ -18,6 +18,7 @@
 #include "shim.h"
 #include "../common/sys.h"
 #include "../common/util.h"
+#include "../common/maps.h"
 
 #include <errno.h>
 #include <sys/prctl.h>
@@ -42,6 +43,63 @@ extern const unsigned int __rseq_size __attribute__((weak));
 #define RSEQ_SIG_X86 0x53053053u
 #define RSEQ_MIN_LEN 32u
 
+/* a registration the program made itself (syscall(SYS_rseq), seen by
+ * interpose.c), with glibc's own turned off (glibc.pthread.rseq=0) */
+static __thread struct {
+    uint64_t area;
+    uint32_t len, sig;
+} own_rseq __attribute__((tls_model("initial-exec")));
+
+void ck_rseq_registered(long area, uint32_t len, int flags, uint32_t sig)
+{
+    own_rseq.area = (flags & 1) ? 0 : (uint64_t)area;  /* RSEQ_FLAG_UNREGISTER */
+    own_rseq.len = len;
+    own_rseq.sig = sig;
+}
+
+/* Whether (area, len, sig) is exactly this thread's rseq registration: the
+ * kernel answers a second registration of the same one with EBUSY and
+ * changes nothing; anything else differs in area, length or signature. */
+static int rseq_is(uint64_t area, uint32_t len, uint32_t sig)
+{
+    return area && ck_rseq((void *)area, len, 0, sig) == -EBUSY;
+}
+
+/* Whether the thread has an rseq registration at all: for an aligned kernel
+ * address the kernel answers EINVAL when another area is registered, EFAULT
+ * when none is (and registers nothing either way). */
+static int rseq_any(void)
+{
+    return ck_rseq((void *)0xffff800000000000ull, RSEQ_MIN_LEN, 0, RSEQ_SIG_X86) == -EINVAL;
+}
+
+static void fill_rseq(struct ck_thread *t)
+{
+    t->rseq_addr = 0;
+    t->rseq_len = 0;
+    t->rseq_sig = 0;
+    if (rseq_is(own_rseq.area, own_rseq.len, own_rseq.sig)) {
+        t->rseq_addr = own_rseq.area;
+        t->rseq_len = own_rseq.len;
+        t->rseq_sig = own_rseq.sig;
+        return;
+    }
+    if (&__rseq_offset && &__rseq_size && __rseq_size > 0 && t->fs_base) {
+        uint64_t area = t->fs_base + (uint64_t)__rseq_offset;
+        /* glibc registers max(__rseq_size, 32) bytes, rounded to 32 since 2.40 */
+        uint32_t lens[3] = {__rseq_size, RSEQ_MIN_LEN, (__rseq_size + 31) & ~31u};
+        for (int i = 0; i < 3; i++)
+            if (rseq_is(area, lens[i], RSEQ_SIG_X86)) {
+                t->rseq_addr = area;
+                t->rseq_len = lens[i];
+                t->rseq_sig = RSEQ_SIG_X86;
+                return;
+            }
+    }
+    if (rseq_any())
+        t->flags |= CK_THREAD_RSEQ_UNKNOWN;  /* the dump refuses it */
+}
+
 void ck_fill_thread(struct ck_thread *t, uint64_t sigmask)
 {
     unsigned long v = 0;
@@ -61,16 +119,30 @@ void ck_fill_thread(struct ck_thread *t, uint64_t sigmask)
         t->robust_list = (uint64_t)head;
         t->robust_len = len;
     }
-    t->rseq_addr = 0;
-    if (&__rseq_offset && &__rseq_size && __rseq_size > 0 && t->fs_base) {
-        uint64_t area = t->fs_base + (uint64_t)__rseq_offset;
-        /* cpu_id (offset 4) is negative when registration failed */
-        if (*(volatile int32_t *)(area + 4) >= 0) {
-            t->rseq_addr = area;
-            t->rseq_len = __rseq_size > RSEQ_MIN_LEN ? __rseq_size : RSEQ_MIN_LEN;
-            t->rseq_sig = RSEQ_SIG_X86;
-        }
+    fill_rseq(t);
+    /* credentials and the other attributes the kernel keeps per task */
+    ck_getresuid(&t->uid[0], &t->uid[1], &t->uid[2]);
+    ck_getresgid(&t->gid[0], &t->gid[1], &t->gid[2]);
+    t->uid[3] = (uint32_t)ck_setfsuid(~0u);  /* an invalid id changes nothing and returns the current one */
+    t->gid[3] = (uint32_t)ck_setfsgid(~0u);
+    t->cap_bounding = t->cap_ambient = 0;
+    for (int c = 0; c < 64; c++) {
+        long in = ck_prctl(PR_CAPBSET_READ, (unsigned long)c, 0, 0, 0);
+        if (in < 0)
+            break;  /* past the kernel's last capability */
+        if (in > 0)
+            t->cap_bounding |= 1ull << c;
+        if (ck_prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_IS_SET, (unsigned long)c, 0, 0) > 0)
+            t->cap_ambient |= 1ull << c;
     }
+    long slack = ck_prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
+    t->timer_slack_ns = slack > 0 ? (uint64_t)slack : 0;
+    long bits = ck_prctl(PR_GET_SECUREBITS, 0, 0, 0, 0);
+    t->securebits = bits > 0 ? (uint32_t)bits : 0;
+    int pdeath = 0;
+    ck_prctl(PR_GET_PDEATHSIG, (unsigned long)&pdeath, 0, 0, 0);
+    t->pdeathsig = pdeath;
+    t->no_new_privs = ck_prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) == 1;
     t->sigmask = sigmask;
     struct ck_cap_header h = {CK_CAP_VERSION_3, 0};
     struct ck_cap_data d[2];
@@ -83,6 +155,103 @@ void ck_fill_thread(struct ck_thread *t, uint64_t sigmask)
         }
     }
     ck_prctl(PR_GET_NAME, (unsigned long)t->comm, 0, 0, 0);
+}
+
+/*
+ * Pending signals with their siginfo.  A signal's siginfo can only be read
+ * by taking it (rt_sigtimedwait), and a thread's own queue only by that
+ * thread: each parked thread takes its private ones in the quiesce handler,
+ * the checkpoint thread its own and the process-wide ones in the dump.
+ * Everything taken is queued again at once, in the same order (an aborted
+ * checkpoint loses nothing), and recorded here.  The kernel's SigPnd and
+ * ShdPnd masks say when a queue is empty; a periodic ITIMER_REAL's SIGALRM
+ * is left alone (taking it re-arms the timer): recorded without siginfo.
+ */
+#define CK_PENDING_POOL 4096
+static struct ck_pending pend_pool[CK_PENDING_POOL];
+static uint32_t npend;
+static volatile uint32_t pend_lock;
+static volatile uint32_t pend_failed;  /* 1: pool full, 2: a signal could not be queued again */
+
+static uint64_t pending_mask(int shared)
+{
+    char buf[4096];
+    long n = ck_read_file(shared ? "/proc/self/status" : "/proc/thread-self/status", buf, sizeof(buf) - 1);
+    if (n <= 0)
+        return 0;
+    buf[n] = 0;
+    const char *key = shared ? "ShdPnd:" : "SigPnd:";
+    for (const char *p = buf; *p;) {
+        if (ck_strncmp(p, key, 7) == 0)
+            return ck_parse_u64(ck_skip_spaces(p + 7), 16, 0);
+        while (*p && *p != '\n')
+            p++;
+        if (*p)
+            p++;
+    }
+    return 0;
+}
+
+static int alarm_is_periodic(void)
+{
+    struct itimerval v;
+    return ck_getitimer(ITIMER_REAL, &v) == 0 && (v.it_interval.tv_sec || v.it_interval.tv_usec);
+}
+
+void ck_take_pending(int which)
+{
+    /* the common case, cheaply: nothing pending here or process-wide (the
+     * caller blocks every signal, so this is the union of both queues) */
+    uint64_t any = 0;
+    if (ck_sc2(SYS_rt_sigpending, &any, sizeof(any)) == 0 && !(any & ~(1ull << (ck_shim.quiesce_signal - 1))))
+        return;
+    int pid = (int)ck_getpid(), tid = (int)ck_gettid();
+    while (__atomic_exchange_n(&pend_lock, 1, __ATOMIC_ACQUIRE))
+        ck_sc0(SYS_sched_yield);
+    uint32_t first = npend;
+    /* the thread's own queue first: rt_sigtimedwait takes from it before the
+     * process-wide one, which it reaches only once the own one is held here */
+    for (int shared = 0; shared <= 1; shared++) {
+        if (!(which & (shared ? CK_TAKE_SHARED : CK_TAKE_OWN)))
+            continue;
+        uint64_t set = pending_mask(shared);
+        for (int s = 1; s <= 64; s++) {
+            uint64_t bit = 1ull << (s - 1);
+            if (!(set & bit) || s == ck_shim.quiesce_signal || s == SIGKILL || s == SIGSTOP ||
+                (s == SIGALRM && alarm_is_periodic()))
+                continue;
+            while (pending_mask(shared) & bit) {
+                if (npend >= CK_PENDING_POOL) {
+                    pend_failed = 1;
+                    break;
+                }
+                struct ck_pending *r = &pend_pool[npend];
+                struct timespec zero = {0, 0};
+                ck_memset(r, 0, sizeof(*r));
+                if (ck_rt_sigtimedwait(&bit, r->info, &zero) != s)
+                    break;
+                r->tid = shared ? 0 : tid;
+                r->signo = s;
+                r->has_info = 1;
+                npend++;
+            }
+        }
+    }
+    for (uint32_t i = first; i < npend; i++) {
+        struct ck_pending *r = &pend_pool[i];
+        long rc = r->tid ? ck_rt_tgsigqueueinfo(pid, tid, r->signo, r->info)
+                         : ck_sc3(SYS_rt_sigqueueinfo, pid, r->signo, r->info);
+        if (rc < 0)
+            pend_failed = 2;
+    }
+    __atomic_store_n(&pend_lock, 0, __ATOMIC_RELEASE);
+}
+
+struct ck_pending *ck_taken_pending(uint32_t *n, uint32_t *failed)
+{
+    *n = npend;
+    *failed = pend_failed;
+    return pend_pool;
 }
 
 static void quiesce_handler(int sig, siginfo_t *si, void *ucv)
@@ -103,6 +272,9 @@ static void quiesce_handler(int sig, siginfo_t *si, void *ucv)
         uint64_t mask;
         ck_memcpy(&mask, &uc->uc_sigmask, sizeof(mask));
         ck_fill_thread(t, mask);
+        /* the process-wide queue is the leader's to take: the kernel lets a
+         * siginfo of any origin be queued again process-wide only by it */
+        ck_take_pending((t->flags & CK_THREAD_MAIN) ? CK_TAKE_OWN | CK_TAKE_SHARED : CK_TAKE_OWN);
         if (ck_save_ctx(&t->ctx) == 0) {
             __atomic_fetch_add(&parked, 1, __ATOMIC_RELEASE);
             ck_futex_wake_all(&parked);
@@ -229,6 +401,8 @@ int ck_quiesce(long timeout_ms, char *err, size_t errcap)
     }
     int self = (int)ck_gettid(), pid = (int)ck_getpid();
     nsignalled = 0;
+    npend = 0;
+    pend_failed = 0;
     __atomic_store_n(&nslots, 0, __ATOMIC_RELEASE);
     __atomic_store_n(&parked, 0, __ATOMIC_RELEASE);
     __atomic_store_n(&phase, PHASE_PARKING, __ATOMIC_RELEASE);

@@ -77,6 +77,11 @@ int ck_is_parked(void) CK_HIDDEN;
 void ck_quiesce_after_fork(void) CK_HIDDEN;  /* a forked child starts outside any checkpoint */
 /* records of the parked threads, valid while parked */
 struct ck_thread *ck_parked_threads(uint32_t *n) CK_HIDDEN;
+/* quiesce.c: pending signals taken with their siginfo and queued again */
+#define CK_TAKE_OWN 1     /* the calling thread's own queue */
+#define CK_TAKE_SHARED 2  /* the process-wide queue */
+void ck_take_pending(int which) CK_HIDDEN;
+struct ck_pending *ck_taken_pending(uint32_t *n, uint32_t *failed) CK_HIDDEN;
 void ck_fill_thread(struct ck_thread *t, uint64_t sigmask) CK_HIDDEN;
 /* after a restore: wait until every parked thread is back in shim code */
 void ck_wait_threads_arrived(uint32_t n) CK_HIDDEN;
@@ -130,6 +135,8 @@ struct ck_image {
     int retry; /* the failure is a passing state: worth another round */
 };
 uint32_t ck_image_string(struct ck_image *im, const char *s) CK_HIDDEN;
+/* quiesce.c: a registration the program made itself with syscall(SYS_rseq) */
+void ck_rseq_registered(long area, uint32_t len, int flags, uint32_t sig) CK_HIDDEN;
 int ck_image_fail(struct ck_image *im, const char *what, const char *detail, long rc) CK_HIDDEN;
 int ck_image_is_own_fd(struct ck_image *im, int fd) CK_HIDDEN;
 void ck_image_add_own_fd(struct ck_image *im, int fd) CK_HIDDEN;

@@ -71,6 +71,7 @@ struct ck_jmpctx {
 
 #define CK_THREAD_MAIN 1          /* the thread-group leader (tid == pid) */
 #define CK_THREAD_CHECKPOINTER 2  /* the shim's own checkpoint thread */
+#define CK_THREAD_RSEQ_UNKNOWN 4  /* an rseq registration the shim could not identify: refused */
 
 struct ck_thread {
     int32_t tid;                /* as the process sees it (inside its pid ns) */
@@ -91,6 +92,18 @@ struct ck_thread {
     uint32_t pad1;
     struct ck_jmpctx ctx;
     char comm[16];
+    /* per-thread attributes the kernel keeps per task, read by the thread
+     * itself (quiesce.c) and set again by its restored thread (threads.c),
+     * so that nothing comes back silently different (issue 18) */
+    uint32_t uid[4];            /* real, effective, saved, filesystem */
+    uint32_t gid[4];
+    uint64_t cap_bounding;      /* PR_CAPBSET_READ, one bit per capability */
+    uint64_t cap_ambient;       /* PR_CAP_AMBIENT_IS_SET */
+    uint64_t timer_slack_ns;    /* PR_GET_TIMERSLACK */
+    uint32_t securebits;        /* PR_GET_SECUREBITS (SECBIT_KEEP_CAPS: PR_SET_KEEPCAPS) */
+    int32_t pdeathsig;          /* PR_GET_PDEATHSIG */
+    uint32_t no_new_privs;      /* PR_GET_NO_NEW_PRIVS */
+    uint32_t pad2;
 };
 
 /* ck_vma.flags */
@@ -321,10 +334,17 @@ struct ck_rlimit {
     uint64_t max;
 };
 
-/* a pending signal to raise again (tid 0: process-wide) */
+/* a pending signal to raise again (tid 0: process-wide), one record per
+ * queued instance, in queue order (an RT signal keeps its depth) */
 struct ck_pending {
     int32_t tid;
     int32_t signo;
+    /* issue 18: the siginfo as the kernel queued it (taken with a zero-timeout
+       rt_sigtimedwait while parked and queued again at once), given back to
+       rt_(tg)sigqueueinfo; has_info 0: one that arrived after the thread parked */
+    uint32_t has_info;
+    uint32_t pad;
+    uint8_t info[128];
 };
 
 /* a file the job writes: contents copied to files/<index>.data */
@@ -382,6 +402,14 @@ struct ck_proc {
     /* MEMBARRIER_CMD_GET_REGISTRATIONS: the MEMBARRIER_CMD_REGISTER_* commands
        the process issued, issued again by the restorer (per mm, lost with it) */
     uint64_t membarrier;
+    /* process-wide attributes set again by the restorer (proc.c), issue 18 */
+    int32_t oom_score_adj;      /* /proc/self/oom_score_adj */
+    uint32_t loginuid;          /* /proc/self/loginuid (audit) */
+    uint32_t child_subreaper;   /* PR_GET_CHILD_SUBREAPER */
+    uint32_t thp_disable;       /* PR_GET_THP_DISABLE's value */
+    uint32_t dumpable;          /* PR_GET_DUMPABLE */
+    uint32_t ngroups;           /* supplementary groups: ngroups uint32 in BLOB at groups_off */
+    uint64_t groups_off;
 };
 
 /*
