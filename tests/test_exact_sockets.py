@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import Ckptd, compile_workload, exact_round_trip
+from conftest import PYTHON, Ckptd, compile_workload, exact_round_trip, run_plain
 from test_bad_input import assert_refused, one_line_error
 
 STEPS = "50"  # 5 s: a checkpoint under load must not outlast the program
@@ -75,3 +75,40 @@ def test_restorer_failing_in_a_child_fails_the_restart_at_once(ckptd: Ckptd, exe
     assert p.returncode != 0
     one_line_error(p, "cannot reopen a directory", str(data))
     assert time.monotonic() - started < 20
+
+
+UNCONNECTED = """
+import os, socket, sys, time
+path = sys.argv[2]
+client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # made, not connected yet
+for i in range(int(sys.argv[1])):
+    assert client.type == socket.SOCK_STREAM
+    print(f"step {i} ok", flush=True)
+    time.sleep(0.1)
+if os.path.exists(path):
+    os.unlink(path)
+server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+server.bind(path)
+server.listen(1)
+client.connect(path)  # the restored socket is still a fresh, connectable one
+peer, _ = server.accept()
+client.sendall(b"hello")
+print(peer.recv(5).decode(), flush=True)
+"""
+
+
+def test_unconnected_unix_stream_socket(ckptd: Ckptd, tmp_path: Path) -> None:
+    """A Unix stream socket between socket() and connect() has no queue to
+    read (recvmsg says EINVAL): it used to fail the checkpoint."""
+    script = tmp_path / "unconnected.py"
+    script.write_text(UNCONNECTED)
+    plain = run_plain([PYTHON, str(script), "40", str(tmp_path / "ref.sock")])
+    ckptd.launch("unc", [PYTHON, str(script), "40", str(tmp_path / "job.sock")])
+    ckptd.wait_log("unc", r"^step 3 ok")
+    ckptd.checkpoint("unc")
+    ckptd.wait_log("unc", r"^step 6 ok")
+    ckptd.kill9("unc")
+    ckptd.ctl("restart", "unc")
+    assert ckptd.wait("unc") == 0, ckptd.log("unc")[-2000:]
+    assert ckptd.log("unc", "stdout") == plain.stdout
+    assert plain.stdout.endswith("hello\n")

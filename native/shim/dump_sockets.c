@@ -258,5 +258,8 @@ int ck_dump_socket(struct ck_image *im, struct ck_fd *f, int nl, const char *tar
         return 0;
     }
     f->sock_state = di.state == TCP_ESTABLISHED_ ? CK_SOCK_CONNECTED : CK_SOCK_UNCONNECTED;
+    if (f->sock_state == CK_SOCK_UNCONNECTED && f->sock_type == SOCK_STREAM)
+        return 0;  /* made, not connected yet (a client between socket() and connect()): no queue,
+                      and recvmsg would say EINVAL */
     return ck_peek_queue(im, f, fd);
 }
