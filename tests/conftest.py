@@ -249,6 +249,12 @@ def exact_round_trip(c: Ckptd, job: str, argv: list[str], *, checkpoint_at: int 
     c.wait_log(job, rf"^step {checkpoint_at} ok")
     c.checkpoint(job)
     c.wait_log(job, rf"^step {kill_at} ok")
+    return kill_restart_finish(c, job, plain)
+
+
+def kill_restart_finish(c: Ckptd, job: str, plain: Plain) -> str:
+    """The second half of exact_round_trip: kill -9, restart from the latest
+    checkpoint, and the job ends well, its stdout the plain run's."""
     c.kill9(job)
     c.ctl("restart", job)
     rc = c.wait(job)

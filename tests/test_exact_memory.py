@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import Ckptd, compile_workload, exact_round_trip, run_plain
+from conftest import Ckptd, compile_workload, exact_round_trip, kill_restart_finish, run_plain
 
 STEPS = "60"
 
@@ -40,12 +40,7 @@ def incremental_round_trip(c: Ckptd, job: str, argv: list[str], tmp: Path, track
     second = c.checkpoint(job)
     listed = {i["name"]: i for i in c.ctl_json("list", job)}
     assert listed[second["name"]]["parent"] == first["name"]  # incremental
-    c.kill9(job)
-    c.ctl("restart", job)
-    rc = c.wait(job)
-    out = c.log(job)
-    assert rc == 0 and "BAD " not in out, out[-2000:]
-    assert c.log(job, "stdout") == plain.stdout
+    kill_restart_finish(c, job, plain)
 
 
 def test_reshaped_mappings(ckptd: Ckptd, exact_memory: str) -> None:

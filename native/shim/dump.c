@@ -144,6 +144,22 @@ static uint64_t status_oct(const char *text, const char *key)
     return v;
 }
 
+/* /proc/self/task/TID/status into buf, NUL-terminated; -1 if unreadable */
+static int read_task_status(int tid, char *buf, size_t cap)
+{
+    char path[64];
+    struct ck_buf b;
+    ck_buf_init(&b, path, sizeof(path));
+    ck_buf_str(&b, "/proc/self/task/");
+    ck_buf_u64(&b, (uint64_t)tid);
+    ck_buf_str(&b, "/status");
+    long len = ck_read_file(path, buf, cap - 1);
+    if (len <= 0)
+        return -1;
+    buf[len] = 0;
+    return 0;
+}
+
 static uint64_t read_xcr0(void)
 {
     uint32_t eax, ebx, ecx, edx;
@@ -277,8 +293,7 @@ static int64_t read_proc_int(const char *path, int64_t missing)
 static int dump_attrs(struct ck_image *im)
 {
     struct ck_proc *p = &im->proc;
-    char path[64], status[4096], self_groups[1024];
-    struct ck_buf b;
+    char status[4096], self_groups[1024];
     int v = 0;
 
     p->oom_score_adj = (int32_t)read_proc_int("/proc/self/oom_score_adj", 0);
@@ -311,14 +326,8 @@ static int dump_attrs(struct ck_image *im)
             return ck_image_fail(im, "a thread has an rseq registration the shim did not see made (not through glibc or syscall()); ckptd cannot restore it", 0, 0);
         if (t->securebits & ~(uint32_t)SECBIT_KEEP_CAPS)
             return ck_image_fail(im, "a thread has securebits set other than keep-caps (PR_SET_SECUREBITS); ckptd cannot restore them", 0, 0);
-        ck_buf_init(&b, path, sizeof(path));
-        ck_buf_str(&b, "/proc/self/task/");
-        ck_buf_u64(&b, (uint64_t)t->tid);
-        ck_buf_str(&b, "/status");
-        long len = ck_read_file(path, status, sizeof(status) - 1);
-        if (len <= 0)
+        if (read_task_status(t->tid, status, sizeof(status)) < 0)
             continue;
-        status[len] = 0;
         if (ck_parse_u64(ck_skip_spaces(status_line(status, "Seccomp:")), 10, 0) != 0)
             return ck_image_fail(im, "the process runs under seccomp (strict mode or a filter); ckptd cannot restore seccomp filters", 0, 0);
         const char *g = status_line(status, "Groups:");
@@ -361,8 +370,7 @@ static int add_pending(struct ck_image *im, int tid, uint64_t set)
  */
 static int capture_timers_and_pending(struct ck_image *im)
 {
-    char path[64], status[4096];
-    struct ck_buf b;
+    char status[4096];
     for (int i = 0; i < 3; i++) {
         struct itimerval v;
         if (ck_getitimer(i, &v) == 0) {
@@ -395,14 +403,8 @@ static int capture_timers_and_pending(struct ck_image *im)
         return -1;
     for (size_t i = 0; i < im->threads.count; i++) {
         struct ck_thread *t = ck_table_at(&im->threads, i);
-        ck_buf_init(&b, path, sizeof(path));
-        ck_buf_str(&b, "/proc/self/task/");
-        ck_buf_u64(&b, (uint64_t)t->tid);
-        ck_buf_str(&b, "/status");
-        long len = ck_read_file(path, status, sizeof(status) - 1);
-        if (len <= 0)
+        if (read_task_status(t->tid, status, sizeof(status)) < 0)
             continue;
-        status[len] = 0;
         if (add_pending(im, t->tid, status_hex(status, "SigPnd:")) < 0)
             return -1;
     }
