@@ -47,8 +47,9 @@ class JobState(str, enum.Enum):
         return self.value
 
     @property
-    def pb(self) -> pb.JobState.ValueType:
-        return pb.JobState.Value(_PREFIX + self.name)
+    def pb(self) -> pb.JobState:
+        state: pb.JobState = getattr(pb, _PREFIX + self.name)
+        return state
 
     @classmethod
     def of(cls, value: int) -> JobState:
