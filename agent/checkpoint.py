@@ -447,11 +447,17 @@ class Checkpointer:
         # incremental one holds is known only once written
         total = 0 if request.parent else sum(resident_anon(c.host_pid) for c in conns)
         writing = Transfer("writing", total, probe=lambda: _bytes_under(Path(request.dir)))
-        # the job's processes, as its owner (or a root job's, as any uid), pass through the round's directories
-        if job.owner.switch or job.owner.any_uid:
+        # the job's processes, as its owner, pass through the round's directories;
+        # so do a root job's processes that write as other ids (and the job's
+        # directory then too): only then, else they stay 0700
+        others = job.owner.any_uid and any(
+            (ids := fs_ids(c.host_pid)) is not None and ids[0] != job.owner.uid for c in conns
+        )
+        if job.owner.switch or others:
             rdir = Path(request.dir)
             try:
-                for d in (rdir.parent, rdir) if rdir.name.startswith("rank-") else (rdir,):
+                dirs = (rdir.parent, rdir) if rdir.name.startswith("rank-") else (rdir,)
+                for d in (job.job_dir.path, *dirs) if others else dirs:
                     open_to_owner(d, job.owner)
             except OSError as err:
                 raise _storage_error(f"{err.strerror} (errno {err.errno})", request.dir) from err

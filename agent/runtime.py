@@ -37,7 +37,7 @@ from ckptd.paths import Home, JobDir, job_umask
 from ckptd.v1 import ckptd_pb2 as pb
 
 from .lazy import LazyFill
-from .owner import Owner, files_as, job_work_dir, open_to_owner, prepare_job_dir, resolve_owner
+from .owner import Owner, files_as, job_work_dir, prepare_job_dir, resolve_owner
 from .shim_link import ShimConnection
 
 log = logging.getLogger(__name__)
@@ -300,8 +300,6 @@ class JobRuntime:
         rt = self._runtime_dir(generation)
         control = self.home.init_socket(self.name, generation)
         shared = rt  # where the job's processes write
-        if self.owner.any_uid:  # a root job's processes may write their images as other uids
-            open_to_owner(self.job_dir.path, self.owner)
         if self.owner.switch:
             # another user's job: what its processes write is in that user's directory
             prepare_job_dir(self.job_dir.path, [self.job_dir.log, self.job_dir.index], self.owner, self.node)

@@ -54,7 +54,7 @@ def test_lazy_restart_output_identical_while_the_job_moves_its_memory(ckptd: Ckp
 def test_lazy_fill_outlives_an_agent_restart(ckptd: Ckptd) -> None:
     """The agent that started the pager stops mid-fill, so nobody will say
     LAZY_DONE: the shim sees the end of the fill for itself.  The next
-    agent's checkpoint is refused (and retried) until then, the job's fork
+    agent's checkpoint is retried until then, the job's fork
     goes on after it, and that checkpoint restores to the plain output."""
     c = ckptd
     # a slow fill (4 MiB/s in the background) and a slow job (whose faults
@@ -80,7 +80,10 @@ def test_lazy_fill_outlives_an_agent_restart(ckptd: Ckptd) -> None:
             assert "exited during" in p.stderr, p.stderr
         assert time.monotonic() < deadline, refused
         time.sleep(0.5)
-    assert refused  # the fill was still running when the new agent asked
+    # the fill was still running when the new agent asked: the coordinator
+    # tried again by itself (a refusal reaches the user only past its retries)
+    retried = "memory is still being filled after a lazy restart" in (c.home / "logs" / "daemon.log").read_text()
+    assert refused or retried
     c.wait_log("ag", r"^child of step 19: ")  # fork() went on without LAZY_DONE
     c.kill9("ag")
     c.ctl("restart", "ag")  # from the checkpoint taken by the new agent
