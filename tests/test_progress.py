@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
 from conftest import CKPTCTL, PYTHON, WORKLOADS, Ckptd, run_plain
@@ -44,9 +44,13 @@ def test_checkpoint_in_flight_is_listed_and_shows_its_bytes(ckptd: Ckptd) -> Non
     def status() -> pb.JobStatus:
         return call(stub.GetJob, pb.GetJobRequest(job="obs"), 10, "coordinator")
 
-    # a stopped process cannot be paused: the round waits in its first phase
+    # a frozen process cannot be paused: the round waits in its first phase
+    # (a stopped one would be refused at once: nothing would resume it)
     pid = c.status("obs")["pids"][0]
-    os.kill(pid, signal.SIGSTOP)
+    freezer = Path(f"/sys/fs/cgroup/freezer/ckptd-test-{os.getpid()}")
+    freezer.mkdir()
+    (freezer / "cgroup.procs").write_text(str(pid))
+    (freezer / "freezer.state").write_text("FROZEN")
     try:
         ck = subprocess.Popen(
             [CKPTCTL, "checkpoint", "obs", "--json", "--timeout", "60"],
@@ -70,7 +74,9 @@ def test_checkpoint_in_flight_is_listed_and_shows_its_bytes(ckptd: Ckptd) -> Non
             [CKPTCTL, "status", "obs", "--watch"], env=c.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
     finally:
-        os.kill(pid, signal.SIGCONT)
+        (freezer / "freezer.state").write_text("THAWED")
+        Path("/sys/fs/cgroup/freezer/cgroup.procs").write_text(str(pid))
+        freezer.rmdir()
 
     # the bytes written, then hashed, as the round goes
     seen: list[pb.Progress] = []
