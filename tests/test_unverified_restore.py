@@ -51,8 +51,9 @@ def test_a_restart_cut_short_by_the_daemons_death_never_runs(ckptd: Ckptd, tmp_p
     for pid in daemons:
         os.kill(pid, signal.SIGKILL)
     restart.wait(timeout=60)
+    # parked, unless the daemon's checks failed the image (and killed them)
+    # before it died: on a loaded machine they can win the race
     rebuilt = [p for p in ckptd.init_pids() if psutil.pid_exists(p)]
-    assert rebuilt, "the rebuilt processes should outlive the daemon, parked"
     log = ckptd.log_file("cut")
     size = log.stat().st_size
     time.sleep(15)  # the shim used to release itself after 10 s
@@ -61,11 +62,17 @@ def test_a_restart_cut_short_by_the_daemons_death_never_runs(ckptd: Ckptd, tmp_p
     # the next daemon finds the incarnation it never saw verified, and kills it
     st = ckptd.status("cut")
     deadline = time.monotonic() + 60
-    while st["state"] != "failed" and time.monotonic() < deadline:
+    while st["state"] not in ("failed", "lost") and time.monotonic() < deadline:
         time.sleep(0.2)
         st = ckptd.status("cut")
-    assert st["state"] == "failed", st
-    assert "cut short by an agent restart" in st["message"], st["message"]
+    if rebuilt:
+        while st["state"] != "failed" and time.monotonic() < deadline:
+            time.sleep(0.2)
+            st = ckptd.status("cut")
+        assert st["state"] == "failed", st
+        assert "cut short by an agent restart" in st["message"], st["message"]
+    else:  # the image failed its checks first: the processes went then
+        assert st["state"] in ("failed", "lost"), st
     assert st["pids"] == []
     assert log.stat().st_size == size
     for pid in rebuilt:
