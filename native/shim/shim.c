@@ -184,7 +184,16 @@ static int connect_agent_locked(void);
 
 static int connect_agent(void)
 {
-    pthread_mutex_lock(&connecting);
+    /* A thread parked inside fork's handlers holds the mutex until it runs
+     * again, and so does its copy in an image taken then: a restored
+     * process, or one whose connection dropped while parked, would wait
+     * for the RESUME that only this connection can bring.  Parked threads
+     * do not fork, so then the connection is made without it. */
+    if (pthread_mutex_trylock(&connecting) != 0) {
+        if (ck_is_parked())
+            return connect_agent_locked();
+        pthread_mutex_lock(&connecting);
+    }
     int rc = connect_agent_locked();
     pthread_mutex_unlock(&connecting);
     return rc;
@@ -427,12 +436,16 @@ static void command_loop(void)
                 ck_close(ck_shim.lazy_fd);
                 ck_shim.lazy_fd = -1;
             }
-            if (ck_is_parked())
-                ck_release();
+            int parked = ck_is_parked();
             if (ck_startswith(line, "ABORT"))
                 ck_writeout_discard();
             ck_arena_reset();
+            /* the reply goes first: once released, the process may exit
+             * at once (a restored child a moment from its end), and the
+             * agent would read a closed connection as a failed RESUME */
             reply_simple("RESUMED");
+            if (parked)
+                ck_release();
         } else if (ck_startswith(line, "FLUSH")) {
             char err[CK_ERR_CAP];
             char *key = (char *)msg_get(line, "key");
