@@ -181,8 +181,10 @@ def apply(parser: argparse.ArgumentParser, commands: bool = True) -> Path | None
             if key not in options:
                 raise _bad(where, f"[{name}] {key}", f"unknown key (`ckptd {name} --help` lists the flags)")
             options[key].default = _value(where, f"[{name}] {key}", options[key], value)
+            options[key].required = False  # given by the file (`agent --coordinator`)
         for (cmds, dest), var in FLAG_ENV.items():
             if name in cmds and os.environ.get(var):
                 action = next(a for a in options.values() if a.dest == dest)
                 action.default = _from_env(var, action)
+                action.required = False
     return path
