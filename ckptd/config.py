@@ -146,7 +146,8 @@ def _from_env(var: str, action: argparse.Action) -> Any:
         try:
             return action.type(raw)
         except ValueError:
-            raise CkptdError(Code.INVALID_ARGUMENT, f"{var}={raw!r} is not a valid --{action.dest}") from None
+            flag = action.option_strings[-1]
+            raise CkptdError(Code.INVALID_ARGUMENT, f"{var}={raw!r} is not a valid {flag} value") from None
     if action.choices is not None and raw not in action.choices:
         raise CkptdError(Code.INVALID_ARGUMENT, f"{var}={raw!r}: use one of {', '.join(map(str, action.choices))}")
     return raw
