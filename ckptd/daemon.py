@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import logging
 import os
 import signal
@@ -19,6 +20,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
 from ckptd.auth import DEFAULT_ADMINS, Policy
@@ -36,12 +38,43 @@ DAEMON_START_TIMEOUT_S = 30.0
 DEFAULT_IDLE_EXIT_S = 1800.0
 
 
-def setup_logging(home: Home, name: str, verbose: bool = False) -> None:
+LOG_FORMATS = ("text", "json")
+# log messages whose first argument is the job's name
+JOB_FIRST = ("job %s", "auto-restart: job %s", "periodic checkpoint of %s", "auto-restart of %s")
+
+
+class JsonFormatter(logging.Formatter):
+    """`--log-format json`: one JSON object per line (ts, level, logger, msg,
+    and job when the record names one), for log shippers."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, object] = {
+            "ts": datetime.fromtimestamp(record.created, timezone.utc).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        job = getattr(record, "job", None)
+        # the daemons' messages about a job start "job %s: ..." (or "... of %s"): its name is the first argument
+        named = isinstance(record.msg, str) and record.msg.startswith(JOB_FIRST)
+        if job is None and named and isinstance(record.args, tuple) and record.args:
+            job = record.args[0]
+        if job is not None:
+            entry["job"] = str(job)
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def setup_logging(home: Home, name: str, verbose: bool = False, log_format: str = "text") -> None:
     """A daemon's start: its files are private from here on (paths.py), its log first."""
     private_umask()
     home.logs_dir.mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(home.logs_dir / f"{name}.log")
-    handler.setFormatter(logging.Formatter("%(asctime)s %(process)d %(name)s %(levelname)s %(message)s"))
+    if log_format == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(process)d %(name)s %(levelname)s %(message)s"))
     root = logging.getLogger()
     root.addHandler(handler)
     root.setLevel(logging.DEBUG if verbose else logging.INFO)
@@ -77,7 +110,11 @@ class Security:
 
 
 def run_coordinator(
-    home: Home, listen: str, stop: threading.Event | None = None, security: Security | None = None
+    home: Home,
+    listen: str,
+    stop: threading.Event | None = None,
+    security: Security | None = None,
+    metrics: str = "",
 ) -> None:
     from ckptd.coordinator.server import Coordinator, CoordinatorService
 
@@ -87,6 +124,8 @@ def run_coordinator(
     home.ensure()
     seal.install(home.root)  # the manifest key: made on first use, refused if others can read it
     coordinator = Coordinator(home)
+    if metrics:
+        coordinator.metrics.serve(metrics)
     server = make_server()
     pb_grpc.add_CoordinatorServicer_to_server(CoordinatorService(coordinator, stop.set, policy), server)
     address = bind(server, listen, security.tls)
@@ -107,6 +146,7 @@ def run_agent(
     stop: threading.Event | None = None,
     ip: str = "",
     security: Security | None = None,
+    metrics: str = "",
 ) -> None:
     from ckptd.agent.node import AgentNode
     from ckptd.agent.server import AgentService
@@ -119,6 +159,13 @@ def run_agent(
     server = make_server()
     address = bind(server, listen, security.tls)
     agent = AgentNode(home, node, address, coordinator, ip)
+    if metrics:  # this node's jobs and itself; checkpoints and restarts are counted by the coordinator
+        from ckptd.metrics import Metrics
+
+        m = Metrics()
+        m.gauges.jobs = lambda: [j.state for j in list(agent.jobs.values())]
+        m.gauges.nodes = lambda: [(node, True)]
+        m.serve(metrics)
     pb_grpc.add_AgentServicer_to_server(AgentService(agent, policy), server)
     server.start()
     agent.start()
@@ -128,7 +175,7 @@ def run_agent(
     server.stop(2).wait()
 
 
-def run_local(home: Home, idle_exit_s: float) -> None:
+def run_local(home: Home, idle_exit_s: float, metrics: str = "") -> None:
     """Coordinator and this node's agent in one process, on Unix sockets."""
     from ckptd.agent.node import AgentNode
     from ckptd.agent.server import AgentService
@@ -139,6 +186,8 @@ def run_local(home: Home, idle_exit_s: float) -> None:
     stop = threading.Event()
     node = default_node()
     coordinator = Coordinator(home)
+    if metrics:
+        coordinator.metrics.serve(metrics)
     cserver = make_server()
     policy = Policy()  # Unix sockets only: every caller is the daemon's own user
     pb_grpc.add_CoordinatorServicer_to_server(CoordinatorService(coordinator, stop.set, policy), cserver)

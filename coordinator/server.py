@@ -17,6 +17,7 @@ from ckptd.auth import Identity, Policy, Role
 from ckptd.errors import CkptdError, Code
 from ckptd.image.transfer import CODECS
 from ckptd.jobstate import RESTARTABLE, JobState
+from ckptd.metrics import Metrics
 from ckptd.paths import Home
 from ckptd.rpc import call, rpc_method
 from ckptd.v1 import ckptd_pb2 as pb
@@ -71,11 +72,18 @@ class Coordinator:
         self.scheduler = IntervalScheduler(self.registry, self.checkpoint)
         self.auto_restarter = AutoRestarter(self)
         self.uploader = Uploader(self.catalog)
+        self.metrics = Metrics()  # served by `--metrics` (ckptd/daemon.py)
+        self.metrics.gauges.jobs = lambda: [JobState.of(r.status.state) for r in self.registry.all()]
+        self.metrics.gauges.nodes = self._nodes_up
         for record in self.registry.all():
             # a round that a previous coordinator left half done is never committed
             self.catalog.remove_stale(record.job_dir)
             if record.shared_dir is not None:
                 self.catalog.remove_stale(record.shared_dir)
+
+    def _nodes_up(self) -> list[tuple[str, bool]]:
+        with self.nodes.lock:
+            return [(n.name, n.alive) for n in self.nodes.nodes.values()]
 
     def start(self) -> None:
         self.scheduler.start()
@@ -100,9 +108,15 @@ class Coordinator:
     def checkpoint(
         self, record: JobRecord, timeout_s: float = 0.0, then_stop: bool = False, wait_shared: bool = False
     ) -> pb.CheckpointInfo:
-        info = CheckpointRound(
-            record, self.nodes, self.catalog, timeout_s, self._set_operation(record), then_stop=then_stop
-        ).run()
+        # every checkpoint (ckptctl, the interval scheduler, a preemption) is decided here: counted here
+        try:
+            info = CheckpointRound(
+                record, self.nodes, self.catalog, timeout_s, self._set_operation(record), then_stop=then_stop
+            ).run()
+        except BaseException as e:
+            self.metrics.checkpoint_failed(record.name, e)
+            raise
+        self.metrics.checkpoint(record.name, info.duration_s, info.stall_s, info.size_bytes, info.dedup_bytes)
         if then_stop:
             self.registry.save(record)
         if record.shared_dir is None:
@@ -117,7 +131,12 @@ class Coordinator:
         return info
 
     def restart(self, record: JobRecord, request: pb.RestartRequest) -> pb.RestartResponse:
-        resp = restart_job(record, self.registry, self.nodes, self.catalog, request, board=self.uploader.board)
+        try:  # every restart (ckptctl, the auto-restarter) is decided here: counted here
+            resp = restart_job(record, self.registry, self.nodes, self.catalog, request, board=self.uploader.board)
+        except BaseException as e:
+            self.metrics.restart(record.name, e)
+            raise
+        self.metrics.restart(record.name)
         resp.status.CopyFrom(self.status(record))
         return resp
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import grpc
 
-from ckptd import __version__, limits
+from ckptd import __version__, config, limits
 from ckptd.daemon import coordinator_address
 from ckptd.errors import EXIT_FAILED, CkptdError, Code
 from ckptd.jobstate import RESTARTABLE, JobState
@@ -520,6 +520,11 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        config.apply(argparse.ArgumentParser(), commands=False)  # its [env]: CKPTD_COORDINATOR, CKPTD_TLS_DIR...
+    except CkptdError as e:
+        note(f"error: {e.message}")
+        return e.exit_code
     args = parser().parse_args(argv)
     setup_cli_logging(args.verbose)
     code = run_main(lambda: args.func(args))

@@ -21,10 +21,11 @@ from pathlib import Path
 
 import grpc
 
-from ckptd import __version__, limits, tls
+from ckptd import __version__, config, limits, tls
 from ckptd.auth import DEFAULT_ADMINS
 from ckptd.daemon import (
     DEFAULT_IDLE_EXIT_S,
+    LOG_FORMATS,
     Security,
     coordinator_address,
     run_agent,
@@ -218,19 +219,20 @@ def _tls(args: argparse.Namespace) -> TlsFiles | None:
 
 def cmd_coordinator(args: argparse.Namespace) -> int:
     home = Home.from_env()
-    setup_logging(home, "coordinator", args.verbose)
+    setup_logging(home, "coordinator", args.verbose, _log_format(args))
     security = Security(_tls(args), tuple(args.admin or DEFAULT_ADMINS))
-    run_coordinator(home, args.listen or f"unix:{home.coordinator_socket}", security=security)
+    listen = args.listen or f"unix:{home.coordinator_socket}"
+    run_coordinator(home, listen, security=security, metrics=_metrics(args))
     return 0
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
     home = Home.from_env()
     node = args.node or default_node()
-    setup_logging(home, f"agent-{node}", args.verbose)
+    setup_logging(home, f"agent-{node}", args.verbose, _log_format(args))
     security = Security(_tls(args), tuple(args.admin or DEFAULT_ADMINS))
     listen = args.listen or f"unix:{home.agent_socket(node)}"
-    run_agent(home, node, args.coordinator, listen, ip=args.ip or "", security=security)
+    run_agent(home, node, args.coordinator, listen, ip=args.ip or "", security=security, metrics=_metrics(args))
     return 0
 
 
@@ -247,9 +249,31 @@ def cmd_certs(args: argparse.Namespace) -> int:
 
 def cmd_daemon(args: argparse.Namespace) -> int:
     home = Home.from_env()
-    setup_logging(home, "daemon", args.verbose)
-    run_local(home, args.idle_exit)
+    setup_logging(home, "daemon", args.verbose, _log_format(args))
+    run_local(home, args.idle_exit, metrics=_metrics(args))
     return 0
+
+
+def _metrics(args: argparse.Namespace) -> str:
+    return str(args.metrics or os.environ.get("CKPTD_METRICS", ""))
+
+
+def _log_format(args: argparse.Namespace) -> str:
+    fmt = str(args.log_format or os.environ.get("CKPTD_LOG_FORMAT") or "text")
+    if fmt not in LOG_FORMATS:
+        raise CkptdError(Code.INVALID_ARGUMENT, f"CKPTD_LOG_FORMAT={fmt}: use one of {', '.join(LOG_FORMATS)}")
+    return fmt
+
+
+def _daemon_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--metrics", metavar="HOST:PORT",
+        help="serve Prometheus metrics on http://HOST:PORT/metrics (default: $CKPTD_METRICS, else none)",
+    )  # fmt: skip
+    p.add_argument(
+        "--log-format", choices=LOG_FORMATS,
+        help="the daemon log's lines: text, or one JSON object each (default: $CKPTD_LOG_FORMAT, else text)",
+    )  # fmt: skip
 
 
 def _security_flags(p: argparse.ArgumentParser) -> None:
@@ -358,6 +382,7 @@ def parser() -> argparse.ArgumentParser:
         help="address to serve on: HOST:PORT or unix:PATH (default: unix socket in CKPTD_HOME's run dir)",
     )
     _security_flags(coord)
+    _daemon_flags(coord)
     coord.set_defaults(func=cmd_coordinator)
 
     agent = sub.add_parser("agent", help="run this node's agent")
@@ -370,6 +395,7 @@ def parser() -> argparse.ArgumentParser:
         "(their virtual IPs are routed through it)",
     )
     _security_flags(agent)
+    _daemon_flags(agent)
     agent.set_defaults(func=cmd_agent)
 
     certs = sub.add_parser(
@@ -402,12 +428,19 @@ def parser() -> argparse.ArgumentParser:
         "--idle-exit", type=float, default=DEFAULT_IDLE_EXIT_S, metavar="SECONDS",
         help="exit after this long without running jobs (0: never)",
     )  # fmt: skip
+    _daemon_flags(daemon)
     daemon.set_defaults(func=cmd_daemon)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    p = parser()
+    try:
+        config.apply(p)  # flag > environment > config file > default (ckptd/config.py)
+    except CkptdError as e:
+        note(f"error: {e.message}")
+        return e.exit_code
+    args = p.parse_args(argv)
     setup_cli_logging(args.verbose)
     if getattr(args, "manifest_key", None):  # read by the daemon at its start (ckptd/image/seal.py)
         os.environ[seal.KEY_ENV] = os.path.abspath(args.manifest_key)
