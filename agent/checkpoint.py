@@ -46,6 +46,7 @@ from ckptd.image.plan import PlanError, plan_for_checkpoint
 from ckptd.jobstate import JobState
 from ckptd.v1 import ckptd_pb2 as pb
 
+from . import capture_budget
 from .descriptions import shared_descriptions
 from .gpu import DeviceMemory, cuda_pids
 from .owner import Owner, check_owned_tree, fs_ids, give_dir, open_to_owner
@@ -371,8 +372,9 @@ class Checkpointer:
             log.info("pid %d: %d TCP socket(s) keep unsent bytes (a full window)", conn.pid, reply.int("stuck"))
 
     def _dump_one(
-        self, conn: ShimConnection, request: pb.DumpRequest, owner: Owner, key: bytes | None = None
+        self, conn: ShimConnection, request: pb.DumpRequest, owner: Owner, key: bytes | None = None, sync: str = ""
     ) -> pb.ProcessDump:
+        """sync: why the process must write its pages during the pause ("": it may fork a writer)."""
         directory = request.dir
         pdir = Path(directory) / f"proc-{conn.pid}"
         try:
@@ -396,6 +398,7 @@ class Checkpointer:
                 image="/".join(parts),
                 depth=len(parts),
                 cached=int(request.keep_cached),
+                sync=int(bool(sync)),
                 # launch --encrypt: the shim encrypts with it and keeps it nowhere an image holds
                 **({"key": key.hex()} if key else {}),
             )
@@ -419,6 +422,7 @@ class Checkpointer:
             dump_s=time.monotonic() - t0,
             exe=conn.exe,
             capture=CAPTURE_MODES.get(reply.int("capture"), "pause"),
+            capture_why=sync,
         )
 
     def drain(self, job: JobRuntime) -> None:
@@ -467,7 +471,11 @@ class Checkpointer:
         ):
             # every process is parked: they write their images side by side
             key = job.key()  # re-read each time: never kept on disk by ckptd
-            futures = [pool.submit(self._dump_one, conn, request, job.owner, key) for conn in conns]
+            room = capture_budget.budget([c.host_pid for c in conns])
+            sync = "" if room.fits else room.why()
+            if sync:
+                log.warning("job %s: checkpoint %d written during the pause: %s", job.name, ckpt_id, sync)
+            futures = [pool.submit(self._dump_one, conn, request, job.owner, key, sync) for conn in conns]
             errors = [e for f in futures if (e := f.exception()) is not None]
             if errors:
                 raise errors[0]
@@ -711,6 +719,7 @@ class Checkpointer:
                     "files_bytes": pd.files_bytes,
                     "dump_s": round(pd.dump_s, 6),
                     "capture": pd.capture,
+                    **({"capture_why": pd.capture_why} if pd.capture_why else {}),
                     # its GPU memory is in its image: a restore puts it back on the device
                     "cuda": pd.host_pid in cuda,
                 }

@@ -7,9 +7,11 @@
  *   shim  -> agent  HELLO job= pid= tid= ppid= exe= restored=0|1 checkpoint=
  *   agent -> shim   PREMAP                -> PREMAPPED  (smaps read early, before parking)
  *   agent -> shim   QUIESCE timeout_ms=   -> QUIESCED threads=   | ERROR msg=
- *   agent -> shim   DUMP dir= base= image= depth=  -> DUMPED <stats> | ERROR [retry=1] msg=
+ *   agent -> shim   DUMP dir= base= image= depth= cached= sync= [key=]
+ *                                         -> DUMPED <stats> | ERROR [retry=1] msg=
  *                   (base: the checkpoint this one may build on; image: this
- *                   image's final directory relative to the job's, depth levels down)
+ *                   image's final directory relative to the job's, depth levels down;
+ *                   sync=1: no writer, the copy might not fit in memory)
  *                   (retry=1: a passing state, e.g. descriptors in flight; worth another round)
  *   agent -> shim   RESUME / ABORT        -> RESUMED  (ABORT also stops the writer)
  *   agent -> shim   FLUSH                 -> FLUSHED written=0|1 | ERROR msg=
@@ -305,13 +307,14 @@ static void finish_restore(void)
 
 static void handle_dump(char *line)
 {
-    static char dirbuf[4096], base[256], image[CK_SOURCE_PATH + 2], depth[16], cached[4];  /* too long an image name: detected, not cut */
+    static char dirbuf[4096], base[256], image[CK_SOURCE_PATH + 2], depth[16], cached[4], sync[4];  /* too long an image name: detected, not cut */
     struct ck_dump_args a;
     a.dir = msg_copy(line, "dir", dirbuf, sizeof(dirbuf));
     a.base = msg_copy(line, "base", base, sizeof(base));
     a.self = msg_copy(line, "image", image, sizeof(image));
     a.depth = msg_copy(line, "depth", depth, sizeof(depth)) ? (uint32_t)ck_parse_u64(depth, 10, 0) : 0;
     a.keep_cached = msg_copy(line, "cached", cached, sizeof(cached)) && cached[0] == '1';
+    a.no_writer = msg_copy(line, "sync", sync, sizeof(sync)) && sync[0] == '1';
     a.key_hex = (char *)msg_get(line, "key");  /* last: msg_get cuts the line; ck_dump wipes it */
     const char *dir = a.dir;
     char err[CK_ERR_CAP];

@@ -112,6 +112,7 @@ struct ck_dump_args {
     const char *self;
     uint32_t depth;
     int keep_cached;  /* 1: the agent reads pages.img again (dedup): the writer leaves it cached */
+    int no_writer;    /* 1: the copy a writer could cost might not fit in memory (agent/capture_budget.py) */
     char *key_hex;    /* launch --encrypt: the key, 64 hex digits inside the command line (wiped once read), or NULL */
 };
 int ck_dump(const struct ck_dump_args *a, struct ck_dump_stats *st, char *err, size_t errcap) CK_HIDDEN;
@@ -124,6 +125,7 @@ struct ck_image {
     int own_fds[8];           /* the shim's descriptors: never part of the image */
     int n_own_fds;
     int keep_cached;          /* ck_dump_args.keep_cached */
+    int no_writer;            /* ck_dump_args.no_writer: pages written during the pause (or staged) */
     const struct ck_gcm_key *key;  /* launch --encrypt: in the arena (never in an image); NULL: plain */
     uint8_t prefix[8];        /* pages.img's nonce prefix (image_format.h, CK_GCM_*) */
     struct ck_proc proc;

@@ -27,8 +27,9 @@
  * writes them out from there while the job runs.  One bigger than the area
  * is written during the pause.
  *
- * CKPTD_CAPTURE=sync, or a fork the kernel refuses (memory), writes the same
- * pages during the pause.
+ * CKPTD_CAPTURE=sync, a fork the kernel refuses (memory), or an agent that
+ * says the copy might not fit in memory (DUMP sync=1, agent/capture_budget.py)
+ * writes the same pages during the pause (or stages a small image).
  *
  * Encryption at rest (launch --encrypt, image_format.h CK_GCM_*): DUMP
  * carries the key, expanded into the arena (which no image holds).  Every
@@ -922,7 +923,7 @@ int ck_writeout_start(struct ck_image *im, const char *dir)
     capture_mode = CK_CAPTURE_PAUSE;
     if (!bounce)
         return ck_image_fail(im, "cannot allocate checkpoint scratch memory", 0, 0);
-    if (ck_shim.capture_sync == 0 && !cheaper_to_write_now(im)) {
+    if (ck_shim.capture_sync == 0 && !im->no_writer && !cheaper_to_write_now(im)) {
         /* the writer needs the tables in the arena, which children
          * otherwise get wiped (arena.c) */
         long pid = -1;
