@@ -317,6 +317,25 @@ def test_shared_descriptions(tmp_path: Path) -> None:
     ]
 
 
+def test_slots_numbered_kind_by_kind(tmp_path: Path) -> None:
+    """Pipes, then Unix sockets, TCP sockets, shared memory, then shared
+    descriptions: the plan's text is the same from one ckptd to the next."""
+    img = Image(2)
+    img.fd(3, "CK_FD_UNIX", ino=20, sock_type=1)
+    img.fd(4, "CK_FD_SHMEM", dev=9, ino=70, size=4096, path="/memfd:m (deleted)")
+    _tcp(img, 5, 50, "CK_SOCK_UNCONNECTED", ip_sockaddr("0.0.0.0", 0))
+    img.fd(6, "CK_FD_PIPE", ino=10, flags=constant("CK_FDF_PIPE_WRITE_END"))
+    img.fd(7, "CK_FD_PIPE", ino=10)
+    (p,) = images(tmp_path, img)
+    assert body(plan_lines([p]))[:5] == [
+        "pipe 0 1 10 0",
+        "socket 2 20 1",
+        "tcp 3 50 2 0",
+        f"shm 4 9 70 4096 {hx('m')}",
+        f"shmfill 4 {hx(p.dir / 'files' / 'shm-70.data')}",
+    ]
+
+
 # ---- the process tree ----
 
 
