@@ -78,7 +78,7 @@ class BuildWithNative(build_py):
 
 setup(
     cmdclass={"build_py": BuildWithNative, "bdist_wheel": PlatformWheel},
-    packages=["ckptd", "ckptd.v1", "ckptd.cli", "ckptd.image", "ckptd.agent", "ckptd.coordinator"],
+    packages=["ckptd", "ckptd.v1", "ckptd.cli", "ckptd.image", "ckptd.image.plan", "ckptd.agent", "ckptd.coordinator"],
     package_dir={
         "ckptd": "ckptd",
         "ckptd.agent": "agent",

@@ -14,7 +14,7 @@
               the job runs on
 
 A job is a process tree: every process is parked before any is dumped,
-and the dump is checked against the restore plan (ckptd/image/plan.py)
+and the dump is checked against the restore plan (ckptd/image/plan/)
 before anything is committed.  A job that cannot be checkpointed (a process
 outside the shim, an unsupported descriptor, a tree that could not be
 rebuilt) is refused with the reason and keeps running.

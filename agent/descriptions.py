@@ -6,7 +6,7 @@ descriptors, by path and offset; which descriptors of *different*
 processes are one description is the kernel's to say: kcmp(KCMP_FILE), as
 CRIU asks it.  The agent asks while every process is parked (after the
 dump, before the resume), for every pair that names the same file; the
-restore plan (ckptd/image/plan.py) then makes each shared description
+restore plan (ckptd/image/plan/) then makes each shared description
 once, at a slot every process inherits.
 """
 

@@ -13,7 +13,7 @@ then the job's world is rolled back to the checkpoint:
   4. the job's log is cut back to its size at the checkpoint, so the output
      the lost run produced after it is not duplicated;
 and finally:
-  5. the restore plan (ckptd/image/plan.py) is written: the shared objects
+  5. the restore plan (ckptd/image/plan/) is written: the shared objects
      (pipes, sockets, shared memory) and the process tree;
   6. ckptd-init starts `ckptd-restore --build PLAN` as pid 2 in a fresh pid
      namespace; it creates the shared objects, forks the tree with the old

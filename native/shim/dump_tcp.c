@@ -19,7 +19,7 @@
  * (CAP_NET_ADMIN); without it the checkpoint fails and can be retried.
  *
  * Which two sockets are the ends of one connection is decided by the agent
- * from every process's image (ckptd/image/plan.py): a connection whose peer
+ * from every process's image (ckptd/image/plan/tcp.py): a connection whose peer
  * is not in the job is refused there, with both addresses.
  */
 #include "shim.h"

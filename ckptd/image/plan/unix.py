@@ -1,0 +1,136 @@
+"""Unix sockets: each made once (native/restorer/plan_unix.c): a pair whose
+two ends are both in the job is one socketpair; a listener binds its old
+address; the bytes and datagrams in flight are sent again; a socket
+connected to a process outside the job is refused."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..core import constant
+from .planner import Data, Kind, Options, PlanError, Planner, ProcessImage, Steps, data_of, hex_arg, options_of
+
+SOCK_STREAM, SOCK_DGRAM, SOCK_SEQPACKET = 1, 2, 5
+SHUT_RD, SHUT_WR, SHUT_RDWR = 0, 1, 2
+
+
+@dataclass
+class _Socket:
+    ino: int
+    type: int
+    state: int
+    peer: int
+    name: bytes
+    shutdown: int
+    backlog: int
+    data: Data | None
+    holders: list[tuple[ProcessImage, int]] = field(default_factory=list)
+    options: Options | None = None
+
+
+class UnixSockets(Kind):
+    fd_types = ("CK_FD_UNIX",)
+
+    def __init__(self, planner: Planner) -> None:
+        super().__init__(planner)
+        self.sockets: dict[int, _Socket] = {}
+
+    def gather(self, p: ProcessImage, fd: Any) -> None:
+        ino = int(fd.ino)
+        s = self.sockets.get(ino)
+        if s is None:
+            name = p.core.blob_bytes(int(fd.name_off), int(fd.name_len))
+            s = _Socket(
+                ino=ino,
+                type=int(fd.sock_type),
+                state=int(fd.sock_state),
+                peer=int(fd.peer_ino),
+                name=name,
+                shutdown=int(fd.shutdown),
+                backlog=int(fd.backlog),
+                data=None,
+                options=options_of(p, fd),
+            )
+            self.sockets[ino] = s
+        data = data_of(p, fd)
+        if s.data is None and data is not None and data.length:
+            s.data = data
+        s.holders.append((p, int(fd.fd)))
+
+    def plan(self, st: Steps) -> None:
+        done: set[int] = set()
+        for s in self.sockets.values():
+            if s.ino in done:
+                continue
+            self._plan_socket(s, done, st)
+        slots = self.planner.slots.by_key
+        for s in self.sockets.values():
+            if s.options and ("unix", s.ino) in slots:
+                st.finish.append(s.options.line(slots["unix", s.ino]))
+
+    def _refuse_socket(self, s: _Socket, why: str) -> None:
+        # a socket inherited from outside on stdin/stdout/stderr is replaced by the log
+        if all(fd <= 2 for _, fd in s.holders):
+            return
+        p, fd = next((h for h in s.holders if h[1] > 2), s.holders[0])
+        raise PlanError(f"{p.label()} fd {fd}: Unix socket {why}")
+
+    def _send_queue(self, s: _Socket, via: int, data: list[str]) -> None:
+        if not s.data:
+            return
+        op = "write" if s.type == SOCK_STREAM else "messages"
+        data.append(f"{op} {via} {s.data.args()}")
+
+    def _plan_socket(self, s: _Socket, done: set[int], st: Steps) -> None:
+        done.add(s.ino)
+        slots = self.planner.slots
+        listen = constant("CK_SOCK_LISTEN")
+        connected = s.state == constant("CK_SOCK_CONNECTED")
+        peer = self.sockets.get(s.peer) if s.peer else None
+        if s.state == listen:
+            slot = slots.of("unix", s.ino)
+            st.create.append(f"socket {slot} {s.ino} {s.type}")
+            if not s.name:
+                return self._refuse_socket(s, "listens without an address")
+            st.bind.append(f"bind {slot} {hex_arg(s.name)}")
+            st.bind.append(f"listen {slot} {max(s.backlog, 1)}")
+            return None
+        if peer is not None and peer.peer == s.ino:
+            # both ends in the job: one socketpair
+            done.add(peer.ino)
+            a, b = slots.of("unix", s.ino), slots.of("unix", peer.ino)
+            st.create.append(f"socketpair {a} {s.ino} {b} {peer.ino} {s.type}")
+            self._send_queue(s, b, st.data)
+            self._send_queue(peer, a, st.data)
+            for sock, slot in ((s, a), (peer, b)):
+                how = {1: SHUT_RD, 2: SHUT_WR, 3: SHUT_RDWR}.get(sock.shutdown & 3)
+                if how is not None:
+                    st.finish.append(f"shutdown {slot} {how}")
+            return None
+        if s.peer and peer is None:
+            return self._refuse_socket(s, f"is connected to a process outside the job (peer inode {s.peer})")
+        slot = slots.of("unix", s.ino)
+        if connected and s.peer == 0 and s.type != SOCK_DGRAM:
+            # the peer closed: a pair whose other end is closed once the data is back
+            other = slots.anon()
+            st.create.append(f"socketpair {slot} {s.ino} {other} 0 {s.type}")
+            self._send_queue(s, other, st.data)
+            st.finish.append(f"close {other}")
+            return None
+        st.create.append(f"socket {slot} {s.ino} {s.type}")
+        if s.name:
+            st.bind.append(f"bind {slot} {hex_arg(s.name)}")
+        if peer is not None:
+            # a datagram socket connected to a bound one that did not connect back
+            if not peer.name:
+                return self._refuse_socket(s, "is connected to a socket without an address")
+            st.connect.append(f"connect {slot} {hex_arg(peer.name)}")
+            if s.data:
+                return self._refuse_socket(s, "has queued datagrams from the socket it is connected to")
+            return None
+        if s.data:
+            if s.type != SOCK_DGRAM or not s.name:
+                return self._refuse_socket(s, "has queued data but neither a peer nor an address")
+            st.data.append(f"sendto {s.type} {hex_arg(s.name)} {s.data.args()}")
+        return None
