@@ -41,7 +41,7 @@ from ckptd.image import dedup
 from ckptd.image.checksum import ALGORITHM, IdentityCache, fsync_path, writer_digest
 from ckptd.image.core import CoreImage
 from ckptd.image.crypt import seal_into
-from ckptd.image.manifest import checksum_entries, list_files
+from ckptd.image.manifest import ProcessRecord, RankPart, checksum_entries, list_files
 from ckptd.image.plan import PlanError, plan_for_checkpoint
 from ckptd.jobstate import JobState
 from ckptd.v1 import ckptd_pb2 as pb
@@ -663,9 +663,7 @@ class Checkpointer:
         t.start()
         return t
 
-    def finalize(
-        self, job: JobRuntime, directory: str, dedup_with: str = "", dedup_with_final: str = ""
-    ) -> dict[str, Any]:
+    def finalize(self, job: JobRuntime, directory: str, dedup_with: str = "", dedup_with_final: str = "") -> RankPart:
         d = Path(directory)
         dumps, tree, (log_bytes, index_bytes) = self._dumps.pop(job.name, ([], {}, (0, 0)))
         t0 = time.monotonic()
@@ -693,7 +691,7 @@ class Checkpointer:
         except OSError as e:
             raise _storage_error(f"cannot save the job's log: {e.strerror} (errno {e.errno})", directory) from e
         depends_on = _depends_on(d, dumps, everyone=bool(deduped))
-        processes: list[dict[str, Any]] = []
+        processes: list[ProcessRecord] = []
         written: dict[str, dict[str, Any]] = {}
         read: dict[str, dict[str, Any]] = {}
         mapped: dict[str, dict[str, Any]] = {}
@@ -701,28 +699,27 @@ class Checkpointer:
             core = CoreImage.load(d / pd.dir / "core.img")
             summary = core.summary()
             processes.append(
-                {
-                    "pid": pd.pid,
-                    "ppid": int(core.proc.ppid),
-                    "pgid": int(core.proc.pgid),
-                    "sid": int(core.proc.sid),
-                    "host_pid": pd.host_pid,
-                    "dir": pd.dir,
-                    "exe": summary["exe"],
-                    "cwd": summary["cwd"],
-                    "threads": summary["threads"],
-                    "vmas": summary["vmas"],
-                    "fds": len(summary["fds"]),
-                    "pages_bytes": pd.pages_bytes,
-                    "ref_bytes": pd.ref_bytes,
-                    "core_bytes": pd.core_bytes,
-                    "files_bytes": pd.files_bytes,
-                    "dump_s": round(pd.dump_s, 6),
-                    "capture": pd.capture,
-                    **({"capture_why": pd.capture_why} if pd.capture_why else {}),
-                    # its GPU memory is in its image: a restore puts it back on the device
-                    "cuda": pd.host_pid in cuda,
-                }
+                ProcessRecord(
+                    pid=pd.pid,
+                    ppid=int(core.proc.ppid),
+                    pgid=int(core.proc.pgid),
+                    sid=int(core.proc.sid),
+                    host_pid=pd.host_pid,
+                    dir=pd.dir,
+                    exe=summary["exe"],
+                    cwd=summary["cwd"],
+                    threads=summary["threads"],
+                    vmas=summary["vmas"],
+                    fds=len(summary["fds"]),
+                    pages_bytes=pd.pages_bytes,
+                    ref_bytes=pd.ref_bytes,
+                    core_bytes=pd.core_bytes,
+                    files_bytes=pd.files_bytes,
+                    dump_s=round(pd.dump_s, 6),
+                    capture=pd.capture,
+                    capture_why=pd.capture_why,
+                    cuda=pd.host_pid in cuda,
+                )
             )
             # several processes may hold the same file: the first copy
             # serves (every process was parked, so the copies are the same)
@@ -768,16 +765,16 @@ class Checkpointer:
             "fsync %.3f s more", job.name, t_pages - t0, t_hashed - t_pages, len(known),
             sum(1 for p in listed if p.name == "pages.img"), t_end - t_hashed,
         )  # fmt: skip
-        return {
-            "processes": processes,
-            **tree,
-            "written_files": list(written.values()),
-            "read_files": read_entries,
-            "mapped_files": mapped_entries,
-            "files": files,
-            "depends_on": depends_on,
-            "dedup_bytes": deduped,
-        }
+        return RankPart(
+            processes=processes,
+            tree=tree,
+            written_files=list(written.values()),
+            read_files=read_entries,
+            mapped_files=mapped_entries,
+            files=files,
+            depends_on=depends_on,
+            dedup_bytes=deduped,
+        )
 
 
 def copy_prefix(src: Path, dst: Path, size: int, key: bytes | None = None) -> None:

@@ -8,11 +8,11 @@ import os
 import socket
 import threading
 from pathlib import Path
-from typing import Any
 
 from ckptd import limits
 from ckptd.errors import CkptdError, Code
 from ckptd.image.checksum import IdentityCache
+from ckptd.image.manifest import RankPart
 from ckptd.jobstate import LIVE, JobState
 from ckptd.paths import Home, write_private
 from ckptd.rpc import call, coordinator_stub
@@ -447,5 +447,5 @@ class AgentNode:
         self._on_change(job)
         return True
 
-    def manifest_part(self, job: JobRuntime, request: pb.FinalizeRequest) -> dict[str, Any]:
+    def manifest_part(self, job: JobRuntime, request: pb.FinalizeRequest) -> RankPart:
         return self.checkpointer.finalize(job, request.dir, request.dedup_with, request.dedup_with_final)

@@ -147,7 +147,7 @@ class AgentService(pb_grpc.AgentServicer):
     def Finalize(self, request: pb.FinalizeRequest, context: grpc.ServicerContext) -> pb.FinalizeResponse:
         self._coordinator(context)
         part = self.node.manifest_part(self.node.get(request.job), request)
-        return pb.FinalizeResponse(manifest_part_json=json.dumps(part))
+        return pb.FinalizeResponse(manifest_part_json=json.dumps(part.to_json()))
 
     @rpc_method
     def Restore(self, request: pb.RestoreRequest, context: grpc.ServicerContext) -> pb.JobStatus:

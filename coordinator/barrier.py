@@ -30,6 +30,7 @@ notice its absence (or its new instance id) and release their parked ranks.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import time
@@ -40,7 +41,7 @@ from typing import Any
 
 from ckptd.errors import CkptdError, Code
 from ckptd.image.checksum import ALGORITHM, hash_file
-from ckptd.image.manifest import write_manifest
+from ckptd.image.manifest import Chain, Manifest, RankEntry, RankPart, Sizes, write_manifest
 from ckptd.jobstate import JobState
 from ckptd.rpc import call
 from ckptd.v1 import ckptd_pb2 as pb
@@ -229,16 +230,16 @@ class CheckpointRound:
             parts = phase("finalize_s", "checksums and fsync", "Finalize", finalize, LONG_RPC_S)
             self.set_operation(f"checkpoint {ckpt_id}: committing")
             timings["total_s"] = time.monotonic() - t0
+            rank_parts = {t: RankPart.from_json(json.loads(p.manifest_part_json)) for t, p in parts.items()}
             manifest = self._manifest(
-                ckpt_id=ckpt_id, targets=targets, prep=prep, dumps=dumps, parts=parts, dirs=dirs, timings=timings
+                ckpt_id=ckpt_id, targets=targets, prep=prep, dumps=dumps, parts=rank_parts, dirs=dirs, timings=timings
             )
             # deduplicated images name this checkpoint's own rank 0: not a dependency
-            depends = sorted(
-                {d for p in parts.values() for d in json.loads(p.manifest_part_json)["depends_on"]} - {name}
+            depends = sorted({d for p in rank_parts.values() for d in p.depends_on} - {name})
+            manifest.chain = Chain(
+                parent=parent if depends else "", depends_on=depends, depth=parent_depth + 1 if depends else 0
             )
-            manifest["chain"] = {"parent": parent if depends else "", "depends_on": depends,
-                                 "depth": parent_depth + 1 if depends else 0}  # fmt: skip
-            write_manifest(tmp, manifest)
+            write_manifest(tmp, manifest.to_json())
             final = self.catalog.commit(tmp, job_dir, ckpt_id)
         except BaseException:
             record.in_flight = None
@@ -283,71 +284,59 @@ class CheckpointRound:
         targets: list[Target],
         prep: dict[Target, Any],
         dumps: dict[Target, Any],
-        parts: dict[Target, Any],
+        parts: dict[Target, RankPart],
         dirs: dict[Target, Path],
         timings: dict[str, float],
-    ) -> dict[str, Any]:
+    ) -> Manifest:
         record = self.record
 
-        def one(t: Target) -> dict[str, Any]:
+        def one(t: Target) -> Manifest:
             dump = dumps[t]
-            part: dict[str, Any] = json.loads(parts[t].manifest_part_json)
-            part.pop("depends_on", None)  # the job's manifest has it, under "chain"
-            dedup_bytes = int(part.pop("dedup_bytes", 0))
-            return {
-                "job": t.name,
-                "id": ckpt_id,
-                "created": now_rfc3339(),
-                "node": t.node,
-                "protocol": PROTOCOL_VERSION,
-                "spec": {"argv": list(record.spec.argv), "cwd": record.spec.cwd, "env": dict(record.spec.env)},
-                "threads": prep[t].threads,
-                "output": {"log_bytes": dump.log_bytes, "index_bytes": dump.index_bytes},
-                "timings": {k: round(v, 6) for k, v in timings.items()},
-                "sizes": {
-                    "pages_bytes": sum(p.pages_bytes for p in dump.processes),
-                    "ref_bytes": sum(p.ref_bytes for p in dump.processes),
-                    "core_bytes": sum(p.core_bytes for p in dump.processes),
-                    "files_bytes": sum(p.files_bytes for p in dump.processes),
-                    # pages this rank's images take from rank 0's, no longer stored here
-                    "dedup_bytes": dedup_bytes,
-                },
-                **part,
-            }
+            return Manifest(
+                job=t.name,
+                id=ckpt_id,
+                created=now_rfc3339(),
+                node=t.node,
+                protocol=PROTOCOL_VERSION,
+                timings=timings,
+                sizes=Sizes(
+                    pages_bytes=sum(p.pages_bytes for p in dump.processes),
+                    ref_bytes=sum(p.ref_bytes for p in dump.processes),
+                    core_bytes=sum(p.core_bytes for p in dump.processes),
+                    files_bytes=sum(p.files_bytes for p in dump.processes),
+                    dedup_bytes=parts[t].dedup_bytes,
+                ),
+                spec={"argv": list(record.spec.argv), "cwd": record.spec.cwd, "env": dict(record.spec.env)},
+                threads=prep[t].threads,
+                output={"log_bytes": dump.log_bytes, "index_bytes": dump.index_bytes},
+                part=parts[t],
+            )
 
         if not record.ranks:
             return one(targets[0])
         # each rank's directory is a whole single-rank checkpoint of its own
         # (an agent restores it alone); the job's manifest lists them
-        ranks = []
-        files: list[dict[str, Any]] = []
-        sizes = {"pages_bytes": 0, "ref_bytes": 0, "core_bytes": 0, "files_bytes": 0, "dedup_bytes": 0}
-        processes: list[dict[str, Any]] = []
+        job = Manifest(
+            job=record.name,
+            id=ckpt_id,
+            created=now_rfc3339(),
+            node=",".join(sorted({t.node for t in targets})),
+            protocol=PROTOCOL_VERSION,
+            timings=timings,
+            sizes=Sizes(),
+        )
         for t in targets:
             assert t.rank is not None
             m = one(t)
-            write_manifest(dirs[t], m)
+            write_manifest(dirs[t], m.to_json())
             sub = dirs[t].name
-            ranks.append({"rank": t.rank.rank, "node": t.node, "vip": t.rank.vip, "dir": sub})
-            files.extend(dict(f, path=f"{sub}/{f['path']}") for f in m.get("files", []))
+            job.ranks.append(RankEntry(rank=t.rank.rank, node=t.node, vip=t.rank.vip, dir=sub))
+            job.files.extend(dict(f, path=f"{sub}/{f['path']}") for f in parts[t].files)
             part = dirs[t] / "manifest.json"
-            files.append({"path": f"{sub}/manifest.json", "size": part.stat().st_size, ALGORITHM: hash_file(part)})
-            for k in sizes:
-                sizes[k] += m["sizes"][k]
-            processes.extend(dict(p, rank=t.rank.rank) for p in m["processes"])
-        return {
-            "job": record.name,
-            "id": ckpt_id,
-            "created": now_rfc3339(),
-            "node": ",".join(sorted({t.node for t in targets})),
-            "protocol": PROTOCOL_VERSION,
-            "nranks": len(targets),
-            "ranks": ranks,
-            "processes": processes,
-            "timings": {k: round(v, 6) for k, v in timings.items()},
-            "sizes": sizes,
-            "files": files,
-        }
+            job.files.append({"path": f"{sub}/manifest.json", "size": part.stat().st_size, ALGORITHM: hash_file(part)})
+            job.sizes.add(m.sizes)
+            job.processes.extend(dataclasses.replace(p, rank=t.rank.rank) for p in parts[t].processes)
+        return job
 
     def _abort(self, parked: dict[Target, pb_grpc.AgentStub], ckpt_id: int) -> None:
         for t, stub in parked.items():

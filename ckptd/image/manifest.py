@@ -19,7 +19,7 @@ import json
 import os
 import stat
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,171 @@ MANIFEST = "manifest.json"
 
 
 MAC = "hmac_sha256"
+
+
+# ---- what a manifest holds, built in one place -------------------------
+#
+# The agent's finalize makes a RankPart (one node's processes and files, sent
+# to the coordinator as FinalizeResponse.manifest_part_json); the barrier
+# makes the Manifest: a rank's own (header + its part), or a multi-rank
+# job's (header + its ranks, every process and file under its rank's
+# directory).  to_json() gives the dict write_manifest seals; readers take
+# the verified dict (load_manifest), which old manifests also are.
+
+
+@dataclass
+class ProcessRecord:
+    """One process of the checkpoint ("processes")."""
+
+    pid: int  # in the job's pid namespace
+    ppid: int
+    pgid: int
+    sid: int
+    host_pid: int
+    dir: str  # its image directory, relative to the rank's
+    exe: str
+    cwd: str
+    threads: int
+    vmas: int
+    fds: int
+    pages_bytes: int
+    ref_bytes: int  # unchanged pages taken from earlier checkpoints
+    core_bytes: int
+    files_bytes: int
+    dump_s: float
+    capture: str  # how its pages reached pages.img: pause, writer, staged
+    cuda: bool  # its GPU memory is in its image: a restore puts it back on the device
+    capture_why: str = ""  # why no writer (agent/capture_budget.py); left out when empty
+    rank: int | None = None  # in a multi-rank job's list: the rank it belongs to
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        if not self.capture_why:
+            del d["capture_why"]
+        if self.rank is None:
+            del d["rank"]
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> ProcessRecord:
+        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
+
+
+@dataclass
+class Sizes:
+    pages_bytes: int = 0
+    ref_bytes: int = 0
+    core_bytes: int = 0
+    files_bytes: int = 0
+    dedup_bytes: int = 0  # pages this rank's images take from rank 0's, no longer stored here
+
+    def add(self, other: Sizes) -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+
+@dataclass
+class RankPart:
+    """One agent's share of a checkpoint (its finalize's answer)."""
+
+    processes: list[ProcessRecord]
+    # the tree around them: zombies, the log's pipe inodes, shared
+    # descriptions, and a rank's place among the others (agent/checkpoint.py dump)
+    tree: dict[str, Any]
+    written_files: list[dict[str, Any]]  # files the job writes: restored from their copies
+    read_files: list[dict[str, Any]]  # files it reads, with their identity to check
+    mapped_files: list[dict[str, Any]]
+    files: list[dict[str, Any]]  # every file of the images: path, size, checksum
+    depends_on: list[str]  # earlier checkpoints its images take pages from
+    dedup_bytes: int
+
+    _LISTS = ("written_files", "read_files", "mapped_files", "files", "depends_on")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "processes": [p.to_json() for p in self.processes],
+            **self.tree,
+            **{k: getattr(self, k) for k in self._LISTS},
+            "dedup_bytes": self.dedup_bytes,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> RankPart:
+        known = {"processes", "dedup_bytes", *cls._LISTS}
+        return cls(
+            processes=[ProcessRecord.from_json(p) for p in d["processes"]],
+            tree={k: v for k, v in d.items() if k not in known},
+            dedup_bytes=int(d.get("dedup_bytes", 0)),
+            **{k: d[k] for k in cls._LISTS},
+        )
+
+
+@dataclass
+class RankEntry:
+    """A multi-rank job's rank: its node, address and directory."""
+
+    rank: int
+    node: str
+    vip: str
+    dir: str
+
+
+@dataclass
+class Chain:
+    """Where an incremental checkpoint's pages come from."""
+
+    parent: str  # the checkpoint it builds on ("" for a full one)
+    depends_on: list[str]  # every checkpoint its images take pages from
+    depth: int  # incrementals since the last full checkpoint
+
+
+@dataclass
+class Manifest:
+    """manifest.json before write_manifest adds schema, MAC and digest."""
+
+    job: str
+    id: int
+    created: str
+    node: str  # a multi-rank job's: its nodes, comma-separated
+    protocol: int
+    timings: dict[str, float]
+    sizes: Sizes
+    # a rank's own manifest: the job as launched, and its part
+    spec: dict[str, Any] | None = None
+    threads: int = 0
+    output: dict[str, int] | None = None  # the log and its index at the checkpoint
+    part: RankPart | None = None
+    # a multi-rank job's manifest
+    ranks: list[RankEntry] = field(default_factory=list)
+    processes: list[ProcessRecord] = field(default_factory=list)
+    files: list[dict[str, Any]] = field(default_factory=list)
+    chain: Chain | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "job": self.job,
+            "id": self.id,
+            "created": self.created,
+            "node": self.node,
+            "protocol": self.protocol,
+            "timings": {k: round(v, 6) for k, v in self.timings.items()},
+            "sizes": asdict(self.sizes),
+        }
+        if self.part is not None:
+            part = self.part.to_json()
+            part.pop("depends_on")  # the job's manifest has it, under "chain"
+            part.pop("dedup_bytes")  # in sizes
+            d.update(spec=self.spec, threads=self.threads, output=self.output, **part)
+        else:
+            d.update(
+                nranks=len(self.ranks),
+                ranks=[asdict(r) for r in self.ranks],
+                processes=[p.to_json() for p in self.processes],
+                files=self.files,
+            )
+        if self.chain is not None:
+            d["chain"] = asdict(self.chain)
+        return d
 
 
 def _canonical(manifest: dict[str, Any], *leave_out: str) -> bytes:
