@@ -73,7 +73,7 @@ def _in_jobs_proc(path: str) -> bool:
     """A path under the job's own /proc (ckptd-init mounts one for the job's
     pid namespace): /proc/7/status is the job's pid 7, never the host's, so
     nothing to compare with the host's files; the restorer reopens it once
-    the whole tree exists (native/restorer/plan.c)."""
+    the whole tree exists (native/restorer/plan_tree.c)."""
     return path == "/proc" or path.startswith("/proc/")
 
 

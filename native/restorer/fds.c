@@ -13,11 +13,6 @@
  */
 #include "restorer.h"
 
-#ifndef F_ADD_SEALS
-#define F_ADD_SEALS 1033
-#define F_GET_SEALS 1034
-#endif
-
 #include <errno.h>
 
 #ifndef F_SETPIPE_SZ
@@ -105,31 +100,6 @@ static int from_slot(const struct ck_fd *f, uint32_t kind, const char *path)
     return scratch_fd(ck_fcntl(slot, F_DUPFD_CLOEXEC, 0), "cannot take a shared object", path);
 }
 
-/* A memfd's mode, then its seals: last, once this process's mappings of it
- * are filled (rst_map_image ran).  The plan created it with
- * MFD_ALLOW_SEALING; one made without is sealed with F_SEAL_SEAL alone.
- * Several processes holding it each find it done by the first. */
-static void shm_mode_and_seals(int fd, const struct ck_fd *f, const char *path)
-{
-    struct stat st;
-    long rc = ck_fstat(fd, &st);
-    if (rc < 0)
-        rst_fail("cannot stat shared memory", path, rc);
-    if ((st.st_mode & 07777) != (f->mode & 07777)) {
-        rc = ck_sc2(SYS_fchmod, fd, f->mode & 07777);
-        if (rc < 0)
-            rst_fail("cannot restore the mode of shared memory", path, rc);
-    }
-    if (!(f->flags & CK_FDF_MEMFD))
-        return;
-    long now = ck_fcntl(fd, F_GET_SEALS, 0);
-    if (now < 0 || (uint32_t)now == f->seals)
-        return;  /* EINVAL: not sealable here (a plan that made something else) */
-    rc = ck_fcntl(fd, F_ADD_SEALS, (long)(f->seals & ~(uint32_t)now));
-    if (rc < 0)
-        rst_fail("cannot seal a memfd again (F_ADD_SEALS)", path, rc);
-}
-
 void rst_restore_fds(const struct rst_image *im)
 {
     for (uint32_t i = 0; i < im->nfds; i++) {
@@ -200,7 +170,7 @@ void rst_restore_fds(const struct rst_image *im)
             long rc = ck_lseek(tmp, (int64_t)f->pos, SEEK_SET);
             if (rc < 0)
                 rst_fail("cannot seek in shared memory", path, rc);
-            shm_mode_and_seals(tmp, f, path);
+            rst_shm_mode_and_seals(tmp, f, path);  /* plan_shm.c */
             break;
         }
         case CK_FD_EVENTFD: {

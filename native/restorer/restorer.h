@@ -174,19 +174,18 @@ void rst_seal_load(uint8_t *area);                       /* sidecars into it, ch
 /* plaintext of pages file i (0: pages.img, i: source i) at off into dst */
 void rst_seal_read(uint32_t i, void *dst, uint64_t len, uint64_t off);
 
-/* plan.c */
+/* plan.c (the plan's objects: plan_<kind>.c, through plan.h) */
 void rst_load_plan_keys(const char *path);
 int rst_slot_for(uint32_t kind, uint64_t dev, uint64_t ino);  /* descriptor, or -1 */
 void rst_close_slots(void);
 void rst_build(void) __attribute__((noreturn));
 
-/* tcp_diag.c: destroy TIME_WAIT sockets on a local address; count or -errno */
-long rst_tcp_clear_time_wait(const void *addr, size_t len);
-
 /* fds.c */
 void rst_restore_fds(const struct rst_image *im);
 void rst_restore_fd_owners(const struct rst_image *im);  /* once the threads exist */
 void rst_restore_epolls(const struct rst_image *im);  /* epoll.c: once every descriptor is back */
+/* plan_shm.c: a shared memory descriptor's mode and (a memfd's) seals, once its mappings are filled */
+void rst_shm_mode_and_seals(int fd, const struct ck_fd *f, const char *path);
 
 /* proc.c */
 void rst_restore_limits(const struct rst_image *im);

@@ -12,7 +12,8 @@
  *
  * Which process builds which socket, and how the two ends of a pair meet
  * again, is decided from every process's image by the agent (ckptd/image/
- * plan/unix.py); the shim only describes what it holds.
+ * plan/unix.py); the shim only describes what it holds.  The restorer builds
+ * them again in native/restorer/plan_unix.c.
  */
 #include "shim.h"
 #include "../common/sys.h"

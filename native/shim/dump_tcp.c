@@ -20,7 +20,8 @@
  *
  * Which two sockets are the ends of one connection is decided by the agent
  * from every process's image (ckptd/image/plan/tcp.py): a connection whose peer
- * is not in the job is refused there, with both addresses.
+ * is not in the job is refused there, with both addresses.  The restorer
+ * builds them again in native/restorer/plan_tcp.c.
  */
 #include "shim.h"
 #include "../common/sys.h"
