@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ckptd import limits
 from ckptd.auth import DEFAULT_ADMINS, Policy
 from ckptd.errors import EXIT_CODES, CkptdError, Code
 from ckptd.image import seal
@@ -33,7 +34,7 @@ from ckptd.v1 import ckptd_pb2_grpc as pb_grpc
 log = logging.getLogger(__name__)
 
 DAEMON_START_TIMEOUT_S = 30.0
-DEFAULT_IDLE_EXIT_S = 1800.0
+DEFAULT_IDLE_EXIT_S = limits.DEFAULT_IDLE_EXIT_S
 
 
 def setup_logging(home: Home, name: str, verbose: bool = False) -> None:

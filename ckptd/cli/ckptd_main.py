@@ -18,30 +18,38 @@ import signal
 import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import grpc
-
-from ckptd import __version__, limits, tls
-from ckptd.auth import DEFAULT_ADMINS
-from ckptd.daemon import (
-    DEFAULT_IDLE_EXIT_S,
-    Security,
-    coordinator_address,
-    run_agent,
-    run_coordinator,
-    run_local,
-    setup_logging,
-)
+from ckptd import __version__, limits
 from ckptd.errors import EXIT_USAGE, CkptdError, Code
-from ckptd.image import crypt, seal
 from ckptd.jobstate import JobState
 from ckptd.paths import Home, default_node
-from ckptd.rpc import agent_stub, call, coordinator_stub
-from ckptd.tls import TlsFiles
-from ckptd.v1 import ckptd_pb2 as pb
-from ckptd.v1 import ckptd_pb2_grpc as pb_grpc
 
-from .common import note, run_main, setup_cli_logging
+from .common import lazy_function, lazy_module, note, run_main, setup_cli_logging
+
+if TYPE_CHECKING:
+    import grpc
+
+    from ckptd import tls
+    from ckptd.daemon import Security, coordinator_address, run_agent, run_coordinator, run_local, setup_logging
+    from ckptd.image import crypt, seal
+    from ckptd.rpc import agent_stub, call, coordinator_stub
+    from ckptd.tls import TlsFiles
+    from ckptd.v1 import ckptd_pb2 as pb
+    from ckptd.v1 import ckptd_pb2_grpc as pb_grpc
+else:  # loaded on first use: `ckptd --help` needs none of them (and a daemon, all)
+    grpc = lazy_module("grpc")
+    tls = lazy_module("ckptd.tls")
+    crypt = lazy_module("ckptd.image.crypt")
+    seal = lazy_module("ckptd.image.seal")
+    pb = lazy_module("ckptd.v1.ckptd_pb2")
+    Security, coordinator_address, run_agent, run_coordinator, run_local, setup_logging = (
+        lazy_function("ckptd.daemon", f)
+        for f in ("Security", "coordinator_address", "run_agent", "run_coordinator", "run_local", "setup_logging")
+    )
+    agent_stub, call, coordinator_stub = (
+        lazy_function("ckptd.rpc", f) for f in ("agent_stub", "call", "coordinator_stub")
+    )
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -212,23 +220,29 @@ def _wait_ranks(coord: pb_grpc.CoordinatorStub, job: str, rank0: pb.JobStatus) -
 
 
 def _tls(args: argparse.Namespace) -> TlsFiles | None:
+    from ckptd.tls import TlsFiles
+
     d = args.tls or tls.default_dir()
     return TlsFiles.load(d) if d else None
 
 
 def cmd_coordinator(args: argparse.Namespace) -> int:
+    from ckptd import auth
+
     home = Home.from_env()
     setup_logging(home, "coordinator", args.verbose)
-    security = Security(_tls(args), tuple(args.admin or DEFAULT_ADMINS))
+    security = Security(_tls(args), tuple(args.admin or auth.DEFAULT_ADMINS))
     run_coordinator(home, args.listen or f"unix:{home.coordinator_socket}", security=security)
     return 0
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
+    from ckptd import auth
+
     home = Home.from_env()
     node = args.node or default_node()
     setup_logging(home, f"agent-{node}", args.verbose)
-    security = Security(_tls(args), tuple(args.admin or DEFAULT_ADMINS))
+    security = Security(_tls(args), tuple(args.admin or auth.DEFAULT_ADMINS))
     listen = args.listen or f"unix:{home.agent_socket(node)}"
     run_agent(home, node, args.coordinator, listen, ip=args.ip or "", security=security)
     return 0
@@ -321,7 +335,7 @@ def parser() -> argparse.ArgumentParser:
     launch.add_argument(
         "--encrypt", action="store_true",
         help="encrypt memory images, saved files and the logs kept in checkpoints (AES-256-GCM) with the key "
-        f"in --encrypt-key FILE or the file ${crypt.KEY_ENV} names (32 bytes, raw or hex, mode 0600)",
+        "in --encrypt-key FILE or the file $CKPTD_ENCRYPT_KEY names (32 bytes, raw or hex, mode 0600)",
     )  # fmt: skip
     launch.add_argument("--encrypt-key", metavar="FILE", help="the key file for --encrypt (implies --encrypt)")
     launch.add_argument("--node", help="run on this node (default: this machine's agent)")
@@ -399,7 +413,7 @@ def parser() -> argparse.ArgumentParser:
 
     daemon = sub.add_parser("daemon", help="coordinator and local agent in one process (started on demand)")
     daemon.add_argument(
-        "--idle-exit", type=float, default=DEFAULT_IDLE_EXIT_S, metavar="SECONDS",
+        "--idle-exit", type=float, default=limits.DEFAULT_IDLE_EXIT_S, metavar="SECONDS",
         help="exit after this long without running jobs (0: never)",
     )  # fmt: skip
     daemon.set_defaults(func=cmd_daemon)
