@@ -111,6 +111,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     for flag, value in (("--keep", args.keep), ("--keep-every", args.keep_every), ("--full-every", args.full_every)):
         limits.in_range(flag, value, 1, limits.MAX_COUNT)
     limits.in_range("--ranks", args.ranks, 1, limits.MAX_RANKS)
+    limits.in_range("--max-restarts", args.max_restarts, 1, limits.MAX_COUNT)
     if args.job is not None:
         limits.check_job_name(args.job)
     if args.dedup and not (args.ranks or args.nodes):
@@ -138,7 +139,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
         uid=os.getuid(),
         nranks=args.ranks or 0,
         nodes=[n for n in (args.nodes or "").split(",") if n],
-        auto_restart=args.auto_restart,
+        auto_restart=args.auto_restart or bool(args.max_restarts),
+        max_restarts=args.max_restarts or 0,
         keep_last=args.keep or 0,
         keep_every=args.keep_every or 0,
         full_every=args.full_every or 0,
@@ -351,7 +353,13 @@ def parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     launch.add_argument(
         "--auto-restart", action="store_true",
-        help="when a rank dies or its node stops answering, restart the job from its last checkpoint on live nodes",
+        help="when the job dies abnormally (a process SIGKILLed: the OOM killer, kill -9; or its node stops "
+        "answering), restart it from its last checkpoint (on live nodes); an exit, whatever its status, or "
+        "another signal is the program's own end and is not restarted",
+    )  # fmt: skip
+    launch.add_argument(
+        "--max-restarts", type=int, metavar="N",
+        help="with --auto-restart (implied): at most N automatic restarts, then the job stays failed",
     )  # fmt: skip
     launch.add_argument(
         "--sigterm", choices=("checkpoint", "forward"), default="checkpoint",
