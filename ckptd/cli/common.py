@@ -104,12 +104,12 @@ def to_dict(msg: Message) -> dict[str, Any]:
 
 
 def print_json(obj: Any) -> None:
-    from google.protobuf.message import Message
-
-    if isinstance(obj, Message):
+    # protobuf is loaded only if a message came from the daemon (offline answers are dicts)
+    message = getattr(sys.modules.get("google.protobuf.message"), "Message", ())
+    if isinstance(obj, message):
         obj = to_dict(obj)
     elif isinstance(obj, list):
-        obj = [to_dict(o) if isinstance(o, Message) else o for o in obj]
+        obj = [to_dict(o) if isinstance(o, message) else o for o in obj]
     sys.stdout.write(json.dumps(obj, indent=2, sort_keys=True) + "\n")
     sys.stdout.flush()
 
