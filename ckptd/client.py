@@ -215,9 +215,9 @@ class Client:
 
     def log_path(self, job: str, rank: int = 0) -> Path:
         """The job's log file (output.log; a multi-node job's: rank's)."""
-        return self._log_target(self.status(job), rank)[0]
+        return self.log_target(self.status(job), rank)[0]
 
-    def _log_target(self, st: pb.JobStatus, rank: int) -> tuple[Path, str, str]:
+    def log_target(self, st: pb.JobStatus, rank: int) -> tuple[Path, str, str]:
         """(log file, node, name the agent knows it by) of the job or one rank."""
         if not st.ranks:
             return Path(st.log_path), st.node, st.name
@@ -234,7 +234,7 @@ class Client:
         from ckptd.v1 import ckptd_pb2 as pb
 
         st = self.status(job)
-        _, node, name = self._log_target(st, rank)
+        _, node, name = self.log_target(st, rank)
         nodes = self._call("ListNodes", pb.Empty(), 10)
         address = next((n.address for n in nodes.nodes if n.node == node), "")  # type: ignore[attr-defined]
         if not address:
@@ -254,7 +254,7 @@ class Client:
         follow, what it writes next until it ends (across restarts).
         stream: "both", "stdout" or "stderr"."""
         st = self.status(job)
-        path = self._log_target(st, rank)[0]
+        path = self.log_target(st, rank)[0]
         chunks, end = read_log(path, stream, tail)
         yield from chunks
         if follow and JobState.of(st.state).live:

@@ -368,7 +368,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
         limits.in_range("--tail", args.tail, 0, limits.MAX_COUNT)
     client = _client()
     st = client.status(args.job)
-    path = client._log_target(st, args.rank)[0]
+    path = client.log_target(st, args.rank)[0]
     chunks, end = read_log(path, args.stream, args.tail)
     for c in chunks:
         _emit(c.stream, c.data, "both")
