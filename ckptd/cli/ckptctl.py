@@ -66,10 +66,11 @@ def _client(start: bool = True) -> Client:
 def _offline() -> bool:
     """A read-only command with no daemon to ask: answered from the records
     on disk (cli/offline.py), and no daemon is started for it."""
-    if os.environ.get("CKPTD_COORDINATOR") or offline.daemon_running(Home.from_env()):
-        return False
+    return not (os.environ.get("CKPTD_COORDINATOR") or offline.daemon_running(Home.from_env()))
+
+
+def _offline_note() -> None:
     note("ckptctl: no ckptd daemon is running; this is what its records on disk say")
-    return True
 
 
 def _status_line(st: pb.JobStatus) -> str:
@@ -127,6 +128,7 @@ def _jobs_offline(args: argparse.Namespace) -> int:
             for j in found
         ]  # fmt: skip
         say(table(rows, ["JOB", "STATE", "NODE", "PROCS", "LAST CHECKPOINT", "COMMAND"]))
+        _offline_note()
     return 0
 
 
@@ -151,6 +153,7 @@ def _status_offline(args: argparse.Namespace) -> int:
             ]
         )
     )  # fmt: skip
+    _offline_note()
     return 0
 
 
@@ -425,8 +428,12 @@ def _checkpoint_path(target: str, ckpt_id: int | None) -> Path:
     """inspect's argument: a checkpoint directory, or a job (and a checkpoint
     id: default its latest); NOT_FOUND (exit 3) for a missing one."""
     if ckpt_id is None and ("/" in target or os.path.isdir(target)):
-        if not os.path.isdir(target):
-            raise CkptdError(Code.NOT_FOUND, f"no checkpoint directory {target}")
+        try:
+            os.stat(target)
+        except (FileNotFoundError, NotADirectoryError):
+            raise CkptdError(Code.NOT_FOUND, f"no checkpoint directory {target}") from None
+        except OSError:
+            pass  # (unreadable: the manifest's reading says why)
         return Path(target)
     limits.in_range("ID", ckpt_id, 1, limits.MAX_CHECKPOINT_ID)
     if _offline():
