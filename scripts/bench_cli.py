@@ -39,13 +39,16 @@ COMMANDS = [
 ]
 
 
-def median_s(argv: list[str], env: dict[str, str], runs: int) -> float:
-    times = []
+def medians_s(argvs: list[list[str]], env: dict[str, str], runs: int) -> list[float]:
+    """Each command's median wall time, the commands taking turns (a burst
+    of load elsewhere then weighs on all of them alike)."""
+    times: list[list[float]] = [[] for _ in argvs]
     for _ in range(runs):
-        t = time.perf_counter()
-        subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+        for argv, t in zip(argvs, times, strict=True):
+            start = time.perf_counter()
+            subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+            t.append(time.perf_counter() - start)
+    return [statistics.median(t) for t in times]
 
 
 def main() -> int:
@@ -59,11 +62,13 @@ def main() -> int:
         (home / "jobs" / "bench.json").write_text(json.dumps(record))
         env = dict(os.environ, CKPTD_HOME=str(home))
         env.pop("CKPTD_COORDINATOR", None)
-        base = median_s([sys.executable, "-c", "pass"], env, args.runs)
+        argvs = [[sys.executable, "-c", "pass"]] + [[tool(c[0]), *c[1:]] for c in COMMANDS]
+        base, *rest = medians_s(argvs, env, args.runs)
         print(f"{'python3 -c pass':<28} {base * 1000:7.1f} ms   1.00x")
-        for cmd in COMMANDS:
-            t = median_s([tool(cmd[0]), *cmd[1:]], env, args.runs)
+        for cmd, t in zip(COMMANDS, rest, strict=True):
             print(f"{' '.join(cmd):<28} {t * 1000:7.1f} ms  {t / base:5.2f}x")
+        # (a ckptd from before this change started a daemon for `jobs`: stop it)
+        subprocess.run([tool("ckptctl"), "shutdown"], env=env, capture_output=True, check=False)
     return 0
 
 
