@@ -69,10 +69,6 @@ def _offline() -> bool:
     return not (os.environ.get("CKPTD_COORDINATOR") or offline.daemon_running(Home.from_env()))
 
 
-def _offline_note() -> None:
-    note("ckptctl: no ckptd daemon is running; this is what its records on disk say")
-
-
 def _status_line(st: pb.JobStatus) -> str:
     state = str(JobState.of(st.state))
     if (
@@ -92,7 +88,7 @@ def _job_exit(st: pb.JobStatus) -> int:
 
 def cmd_jobs(args: argparse.Namespace) -> int:
     if _offline():
-        return _jobs_offline(args)
+        return offline.cmd_jobs(args)
     resp = call(_coordinator().ListJobs, pb.ListJobsRequest(show_env=args.show_env), 30, "coordinator")
     if args.json:
         print_json(list(resp.jobs))
@@ -115,63 +111,9 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     return 0
 
 
-def _jobs_offline(args: argparse.Namespace) -> int:
-    found = offline.jobs(Home.from_env())
-    if args.json:
-        print_json(found)
-    elif not found:
-        say("no jobs")
-    else:
-        rows = [
-            [j["name"], j["state"], j["node"], "0", j["last_checkpoint"].get("name", "-"),
-             " ".join(j["spec"].get("argv", []))[:50]]
-            for j in found
-        ]  # fmt: skip
-        say(table(rows, ["JOB", "STATE", "NODE", "PROCS", "LAST CHECKPOINT", "COMMAND"]))
-        _offline_note()
-    return 0
-
-
-def _status_offline(args: argparse.Namespace) -> int:
-    j = offline.job(Home.from_env(), args.job)
-    if args.json:
-        print_json(j)
-        return 0
-    state = j["state"]
-    if j["has_exit"] and (j["exit_code"] or j["exit_signal"]):
-        state += f" ({'signal ' + str(j['exit_signal']) if j['exit_signal'] else 'status ' + str(j['exit_code'])})"
-    last = j["last_checkpoint"]
-    say(
-        "\n".join(
-            [
-                f"job:        {j['name']}",
-                f"state:      {state}" + (f"  - {j['message']}" if j["message"] else ""),
-                f"node:       {j['node']}",
-                f"command:    {' '.join(j['spec'].get('argv', []))}",
-                f"checkpoint: {last['name']} ({last['created']}); {j['checkpoints']} in all" if last
-                else "checkpoint: none",
-            ]
-        )
-    )  # fmt: skip
-    _offline_note()
-    return 0
-
-
-def _list_offline(args: argparse.Namespace) -> int:
-    found = offline.list_checkpoints(offline.job(Home.from_env(), args.job))
-    if args.json:
-        print_json(found)
-    elif not found:
-        say(f"job {args.job} has no checkpoints")
-    else:
-        rows = [[str(c["id"]), c["name"], c["created"], c["path"]] for c in found]
-        say(table(rows, ["ID", "NAME", "CREATED", "PATH"]))
-    return 0
-
-
 def cmd_status(args: argparse.Namespace) -> int:
     if not args.watch and _offline():
-        return _status_offline(args)
+        return offline.cmd_status(args)
     coord = _coordinator()
     if args.watch:
         # follow the checkpoint or restart in flight to its end, then show the job
@@ -225,7 +167,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_list(args: argparse.Namespace) -> int:
     if _offline():
-        return _list_offline(args)
+        return offline.cmd_list(args)
     resp = call(_coordinator().ListCheckpoints, pb.ListCheckpointsRequest(job=args.job), 60, "coordinator")
     if args.json:
         print_json(list(resp.checkpoints))

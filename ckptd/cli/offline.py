@@ -7,6 +7,7 @@ a recorded end reads as "lost", as the coordinator would show it."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import errno
 import json
@@ -18,6 +19,8 @@ from typing import Any
 
 from ckptd.errors import CkptdError, Code
 from ckptd.paths import Home
+
+from .common import note, print_json, say, table
 
 _CHECKPOINT = re.compile(r"^ckpt-(\d{6,})$")
 
@@ -101,3 +104,64 @@ def list_checkpoints(job: dict[str, Any]) -> list[dict[str, Any]]:
                     info["created"] = "unreadable"
                 found[info["id"]] = info  # the stage's copy, when both tiers hold it
     return [found[k] for k in sorted(found)]
+
+
+# ---- the commands (ckptctl.py calls them when no daemon runs) ----
+
+
+def _note() -> None:
+    note("ckptctl: no ckptd daemon is running; this is what its records on disk say")
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    found = jobs(Home.from_env())
+    if args.json:
+        print_json(found)
+    elif not found:
+        say("no jobs")
+    else:
+        rows = [
+            [j["name"], j["state"], j["node"], "0", j["last_checkpoint"].get("name", "-"),
+             " ".join(j["spec"].get("argv", []))[:50]]
+            for j in found
+        ]  # fmt: skip
+        say(table(rows, ["JOB", "STATE", "NODE", "PROCS", "LAST CHECKPOINT", "COMMAND"]))
+        _note()
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    j = job(Home.from_env(), args.job)
+    if args.json:
+        print_json(j)
+        return 0
+    state = j["state"]
+    if j["has_exit"] and (j["exit_code"] or j["exit_signal"]):
+        state += f" ({'signal ' + str(j['exit_signal']) if j['exit_signal'] else 'status ' + str(j['exit_code'])})"
+    last = j["last_checkpoint"]
+    say(
+        "\n".join(
+            [
+                f"job:        {j['name']}",
+                f"state:      {state}" + (f"  - {j['message']}" if j["message"] else ""),
+                f"node:       {j['node']}",
+                f"command:    {' '.join(j['spec'].get('argv', []))}",
+                f"checkpoint: {last['name']} ({last['created']}); {j['checkpoints']} in all" if last
+                else "checkpoint: none",
+            ]
+        )
+    )  # fmt: skip
+    _note()
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    found = list_checkpoints(job(Home.from_env(), args.job))
+    if args.json:
+        print_json(found)
+    elif not found:
+        say(f"job {args.job} has no checkpoints")
+    else:
+        rows = [[str(c["id"]), c["name"], c["created"], c["path"]] for c in found]
+        say(table(rows, ["ID", "NAME", "CREATED", "PATH"]))
+    return 0
