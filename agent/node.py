@@ -14,7 +14,7 @@ from ckptd.errors import CkptdError, Code
 from ckptd.image.checksum import IdentityCache
 from ckptd.image.manifest import RankPart
 from ckptd.jobstate import LIVE, JobState
-from ckptd.paths import Home, write_private
+from ckptd.paths import Home, storage_error, write_private
 from ckptd.rpc import call, coordinator_stub
 from ckptd.v1 import ckptd_pb2 as pb
 
@@ -23,6 +23,7 @@ from .checkpoint import Checkpointer
 from .health import node_health
 from .owner import Owner, check_storage, resolve_owner
 from .owner import shim_socket as owner_shim_socket
+from .preload import check_preloadable
 from .progress import Transfers
 from .restore import check_checkpoint_dir, restore_job, resume_restored, verify_checkpoint
 from .runtime import Incarnation, JobRuntime, job_dir_of, spec_from_json, spec_to_json
@@ -338,13 +339,14 @@ class AgentNode:
             old = self.jobs.get(spec.name)
         if old is not None and old.alive():
             raise CkptdError(Code.ALREADY_EXISTS, f"job {spec.name} is already running on {self.node}")
+        check_preloadable(spec.argv[0], spec.env.get("PATH", ""), spec.cwd or "/", owner.uid, owner.gid)
         jd = job_dir_of(spec)
         check_storage(Path(spec.ckpt_dir), owner, self.node)
         jd.ensure(spec.ckpt_dir, owner.uid)
         try:
             write_private(jd.spec_file, spec_to_json(spec))
         except OSError as e:
-            raise CkptdError(Code.PERMISSION_DENIED, f"cannot create the job directory {jd.path}: {e.strerror}") from e
+            raise storage_error(e, f"cannot write {jd.spec_file}") from e
         job = self._track(spec, owner)
         job.netns = self._rank_network(spec, carrier=True)
         job.spawn([_fill(a, spec) for a in spec.argv], restore=False)

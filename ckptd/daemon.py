@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from ckptd import limits
 from ckptd.auth import DEFAULT_ADMINS, Policy
 from ckptd.errors import EXIT_CODES, CkptdError, Code
 from ckptd.image import seal
@@ -35,10 +36,10 @@ from ckptd.v1 import ckptd_pb2_grpc as pb_grpc
 log = logging.getLogger(__name__)
 
 DAEMON_START_TIMEOUT_S = 30.0
-DEFAULT_IDLE_EXIT_S = 1800.0
+DEFAULT_IDLE_EXIT_S = limits.DEFAULT_IDLE_EXIT_S
 
 
-LOG_FORMATS = ("text", "json")
+LOG_FORMATS = limits.LOG_FORMATS
 # log messages whose first argument is the job's name
 JOB_FIRST = ("job %s", "auto-restart: job %s", "periodic checkpoint of %s", "auto-restart of %s")
 

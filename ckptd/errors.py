@@ -7,22 +7,32 @@ The CLI turns the code into its exit status (see EXIT_CODES and README).
 from __future__ import annotations
 
 import enum
+from typing import TYPE_CHECKING
 
-import grpc
+if TYPE_CHECKING:  # grpc is imported where a call is made: the read-only CLI commands need none
+    import grpc
 
 
 class Code(enum.Enum):
-    NOT_FOUND = grpc.StatusCode.NOT_FOUND
-    FAILED_PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION
-    ABORTED = grpc.StatusCode.ABORTED
-    DATA_LOSS = grpc.StatusCode.DATA_LOSS
-    PERMISSION_DENIED = grpc.StatusCode.PERMISSION_DENIED
-    RESOURCE_EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED
-    UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
-    DEADLINE_EXCEEDED = grpc.StatusCode.DEADLINE_EXCEEDED
-    INVALID_ARGUMENT = grpc.StatusCode.INVALID_ARGUMENT
-    ALREADY_EXISTS = grpc.StatusCode.ALREADY_EXISTS
-    INTERNAL = grpc.StatusCode.INTERNAL
+    """A gRPC status code by name (`.status`: the grpc.StatusCode)."""
+
+    NOT_FOUND = "NOT_FOUND"
+    FAILED_PRECONDITION = "FAILED_PRECONDITION"
+    ABORTED = "ABORTED"
+    DATA_LOSS = "DATA_LOSS"
+    PERMISSION_DENIED = "PERMISSION_DENIED"
+    RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
+    UNAVAILABLE = "UNAVAILABLE"
+    DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
+    INVALID_ARGUMENT = "INVALID_ARGUMENT"
+    ALREADY_EXISTS = "ALREADY_EXISTS"
+    INTERNAL = "INTERNAL"
+
+    @property
+    def status(self) -> grpc.StatusCode:
+        import grpc
+
+        return grpc.StatusCode[self.name]
 
 
 # ckptctl / ckptd exit statuses (documented in README)
@@ -57,16 +67,15 @@ class CkptdError(Exception):
         return EXIT_CODES.get(self.code, EXIT_FAILED)
 
     def abort(self, context: grpc.ServicerContext) -> None:
-        context.abort(self.code.value, self.message)
+        context.abort(self.code.status, self.message)
 
     @classmethod
     def from_rpc(cls, err: grpc.RpcError, what: str = "") -> CkptdError:
+        import grpc
+
         status = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
         details = err.details() if hasattr(err, "details") else str(err)
-        try:
-            code = Code(status)
-        except ValueError:
-            code = Code.INTERNAL
+        code = Code.__members__.get(status.name, Code.INTERNAL)
         answered = any(k == "ckptd-answered" for k, _ in (_trailers(err) or ()))
         if status == grpc.StatusCode.UNAVAILABLE and what and not answered:
             if "handshake" in details.lower():

@@ -26,8 +26,10 @@ the coordinator adds LOST and sums ranks up in coordinator/ranks.py):
 from __future__ import annotations
 
 import enum
+from typing import TYPE_CHECKING
 
-from ckptd.v1 import ckptd_pb2 as pb
+if TYPE_CHECKING:  # imported when used: `ckptctl jobs` with no daemon reads no protobuf
+    from ckptd.v1 import ckptd_pb2 as pb
 
 _PREFIX = "JOB_STATE_"
 
@@ -48,6 +50,8 @@ class JobState(str, enum.Enum):
 
     @property
     def pb(self) -> pb.JobState:
+        from ckptd.v1 import ckptd_pb2 as pb
+
         state: pb.JobState = getattr(pb, _PREFIX + self.name)
         return state
 
@@ -55,6 +59,8 @@ class JobState(str, enum.Enum):
     def of(cls, value: int) -> JobState:
         """The state a protobuf field holds (an unset one reads as LOST: no
         report says otherwise)."""
+        from ckptd.v1 import ckptd_pb2 as pb
+
         if value == pb.JOB_STATE_UNSPECIFIED:
             return cls.LOST
         return cls[pb.JobState.Name(value).removeprefix(_PREFIX)]

@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 import re
 
-from ckptd.coordinator import ranks
 from ckptd.errors import CkptdError, Code
 
 # a job's name becomes a directory under its checkpoint directory: no '/',
@@ -20,9 +19,10 @@ MIN_INTERVAL_S = 1.0  # periodic checkpoints at most once a second
 MAX_INTERVAL_S = 366 * 86400.0
 MAX_COUNT = 1_000_000  # --keep, --keep-every, --full-every
 MAX_CHECKPOINT_ID = 2**32 - 1  # --from (a uint32 on the wire)
-MAX_RANKS = ranks.MAX_RANKS  # --ranks (a job's ranks share a /24 of virtual IPs)
+MAX_RANKS = 250  # --ranks (a job's ranks share a /24 of virtual IPs: coordinator/ranks.py)
 MAX_QUIESCE_S = 86400.0  # checkpoint --timeout
 MAX_WAIT_S = 366 * 86400.0  # wait --timeout
+DEFAULT_IDLE_EXIT_S = 1800.0  # the local daemon exits after this long without a live job (daemon --idle-exit)
 
 
 def valid_job_name(name: str) -> bool:
@@ -60,3 +60,5 @@ def check_interval(flag: str, interval_s: float | None) -> None:
     if interval_s is None or interval_s == 0:
         return
     in_range(flag, interval_s, MIN_INTERVAL_S, MAX_INTERVAL_S, "seconds")
+
+LOG_FORMATS = ("text", "json")  # --log-format, CKPTD_LOG_FORMAT

@@ -23,6 +23,7 @@ jobs they start keep the umask of whoever started the daemon.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import secrets
@@ -185,6 +186,15 @@ class Home:
         self.check_run_dir()
 
 
+def storage_error(e: OSError, what: str) -> CkptdError:
+    """A launch's storage failure (exit 6): full, or not usable, with what to do."""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return CkptdError(
+            Code.RESOURCE_EXHAUSTED, f"{what}: checkpoint storage is full; free space or choose another --ckpt-dir"
+        )
+    return CkptdError(Code.PERMISSION_DENIED, f"{what}: {e.strerror}; choose another --ckpt-dir")
+
+
 @dataclass(frozen=True)
 class JobDir:
     """A job's directory on checkpoint storage."""
@@ -207,9 +217,7 @@ class JobDir:
         try:
             self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as e:
-            raise CkptdError(
-                Code.PERMISSION_DENIED, f"cannot create the job directory {self.path}: {e.strerror}"
-            ) from e
+            raise storage_error(e, f"cannot create the job directory {self.path}") from e
         trusted = {os.geteuid(), 0, uid}
         d = self.path
         while d != Path(base) and d != d.parent:

@@ -101,9 +101,9 @@ def _abort(context: grpc.ServicerContext, name: str, exc: BaseException) -> None
         # marked as ckptd's own answer: an UNAVAILABLE from here is about a
         # node behind the service, not the service itself
         context.set_trailing_metadata(((ANSWERED, "1"),))
-        context.abort(exc.code.value, exc.message)
+        context.abort(exc.code.status, exc.message)
     log.exception("%s failed", name)
-    context.abort(Code.INTERNAL.value, f"internal error in {name}: {exc!r} (see the daemon log)")
+    context.abort(Code.INTERNAL.status, f"internal error in {name}: {exc!r} (see the daemon log)")
 
 
 def rpc_method(fn: F) -> F:

@@ -227,6 +227,29 @@ class Catalog:
             fsync_path(job_dir.path)
         return removed
 
+    def remove_all(self, job_dir: JobDir) -> Names:
+        """Remove every checkpoint of a job directory (`ckptctl rm`), each by a
+        rename first as prune does; returns the names removed."""
+        removed: Names = []
+        try:
+            names = sorted(os.listdir(job_dir.path))
+        except (FileNotFoundError, NotADirectoryError):
+            return removed
+        for name in names:
+            if parse_checkpoint_name(name) is None:
+                continue
+            doomed = job_dir.path / f".{name}{DELETING}{secrets.token_hex(4)}"
+            try:
+                os.rename(job_dir.path / name, doomed)
+            except OSError as e:
+                raise storage_error(e, job_dir.path) from e
+            self.discard(doomed)
+            removed.append(name)
+        self.remove_stale(job_dir)
+        if removed:
+            fsync_path(job_dir.path)
+        return removed
+
     def remove_stale(self, job_dir: JobDir) -> None:
         try:
             names = os.listdir(job_dir.path)

@@ -96,6 +96,8 @@ class JobRecord:
     ranks: list[RankRecord] = field(default_factory=list)  # a multi-node job's; empty: a classic job
     vip_slot: int = 0
     last_auto_restart: float = 0.0
+    auto_restarts: int = 0  # done by the AutoRestarter (--max-restarts)
+    gave_up: bool = False  # it reached --max-restarts
     in_flight: pb.CheckpointInfo | None = None  # the round being written, until it commits or is discarded
 
     def targets(self) -> list[Target]:

@@ -69,9 +69,13 @@ STARTUP_GRACE_S = 3 * DEAD_AFTER_S
 
 class AutoRestarter:
     """Jobs launched with --auto-restart come back from their latest committed
-    checkpoint on their own when a rank dies or its node stops answering:
-    the surviving ranks are stopped and every rank is rebuilt, the dead
-    node's ranks on the least busy live nodes."""
+    checkpoint on their own when they die abnormally: a process SIGKILLed
+    (the OOM killer, kill -9: the job is FAILED) or a rank's node stopping
+    answering (LOST).  The surviving ranks are stopped and every rank is
+    rebuilt, the dead node's ranks on the least busy live nodes.  An exit,
+    whatever its status, or death by another signal is the program's own
+    end (EXITED) and is not restarted.  --max-restarts N: at most N
+    automatic restarts (counted by this coordinator)."""
 
     POLL_S = 1.0
     BACKOFF_S = 10.0
@@ -90,7 +94,7 @@ class AutoRestarter:
     def _loop(self) -> None:
         while not self._stop.wait(self.POLL_S):
             for record in self.c.registry.all():
-                if not record.spec.auto_restart or record.op_lock.locked():
+                if not record.spec.auto_restart or record.op_lock.locked() or record.gave_up:
                     continue
                 if time.monotonic() - record.last_auto_restart < self.BACKOFF_S:
                     continue
@@ -108,7 +112,14 @@ class AutoRestarter:
             return
         if state is JobState.LOST and time.monotonic() - self._started < STARTUP_GRACE_S:
             return  # a coordinator that just started has not heard from the agents yet
+        limit = record.spec.max_restarts
+        if limit and record.auto_restarts >= limit:
+            record.gave_up = True
+            log.warning("auto-restart: job %s is %s again after %d automatic restarts (--max-restarts %d): "
+                        "not restarting it", record.name, state, record.auto_restarts, limit)  # fmt: skip
+            return
         record.last_auto_restart = time.monotonic()
+        record.auto_restarts += 1
         log.info("auto-restart: job %s is %s (%s); restarting from its last checkpoint", record.name,
                  status.state, status.message)  # fmt: skip
         resp = self.c.restart(record, pb.RestartRequest(job=record.name, force=True))

@@ -18,12 +18,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from ckptd import limits
 from ckptd.errors import CkptdError, Code
 from ckptd.jobstate import ENDED, JobState
 from ckptd.v1 import ckptd_pb2 as pb
 
 VIP_PREFIX = "10.213"
-MAX_RANKS = 250
+MAX_RANKS = limits.MAX_RANKS
 MAX_SLOTS = 255
 
 

@@ -431,6 +431,34 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         return shown(self.c.status(record), who)
 
     @rpc_method
+    def RemoveJob(self, request: pb.RemoveJobRequest, context: grpc.ServicerContext) -> pb.RemoveJobResponse:
+        """`ckptctl rm`: the job's record and, unless keep_checkpoints, its
+        checkpoints (stage and shared tier); its log and every file it wrote
+        stay.  A live job is refused: it would run on unmanaged."""
+        record, _ = self._job(context, request.job)
+        if not record.op_lock.acquire(blocking=False):
+            raise CkptdError(
+                Code.ABORTED, f"a checkpoint or restart of job {record.name} is in progress; remove it when it is done"
+            )
+        try:
+            state = JobState.of(self.c.status(record).state)
+            if state.live:
+                raise CkptdError(
+                    Code.FAILED_PRECONDITION,
+                    f"job {record.name} is {state}: stop it first (`ckptctl kill {record.name}`)",
+                )
+            removed: list[str] = []
+            if not request.keep_checkpoints:
+                for d in (record.job_dir, record.shared_dir):
+                    if d is not None:
+                        removed += self.c.catalog.remove_all(d)
+            self.c.registry.remove(record.name)
+        finally:
+            record.op_lock.release()
+        log.info("job %s removed (checkpoints removed: %s)", record.name, ", ".join(removed) or "none")
+        return pb.RemoveJobResponse(removed=removed)
+
+    @rpc_method
     def Prune(self, request: pb.PruneRequest, context: grpc.ServicerContext) -> pb.ListCheckpointsResponse:
         record, _ = self._job(context, request.job)
         if not request.keep_last and not request.keep_every:

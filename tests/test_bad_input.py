@@ -287,7 +287,9 @@ def test_process_that_escaped_the_shim(ckptd: Ckptd, tmp_path: Path) -> None:
     src.write_text(STATIC)
     exe = tmp_path / "static"
     subprocess.run(["gcc", "-static", "-O2", str(src), "-o", str(exe)], check=True)
-    ckptd.launch("esc", [str(exe)])
+    # exec'd by the job (a static program launched directly is refused at
+    # launch: test_day_two.test_static_program_refused_at_launch)
+    ckptd.launch("esc", ["sh", "-c", f"exec {exe}"])
     ckptd.wait_log("esc", r"^static 3$")
     (pid,) = ckptd.status("esc")["pids"]
     assert_refused(ckptd, "esc", str(pid), "not running under the ckptd shim")

@@ -12,23 +12,18 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
-from typing import Any
-
-import grpc
+from typing import TYPE_CHECKING, Any
 
 from ckptd import __version__, config, limits
-from ckptd.daemon import coordinator_address
 from ckptd.errors import EXIT_FAILED, CkptdError, Code
 from ckptd.jobstate import RESTARTABLE, JobState
 from ckptd.paths import Home
-from ckptd.rpc import agent_stub, call, coordinator_stub
-from ckptd.v1 import ckptd_pb2 as pb
-from ckptd.v1 import ckptd_pb2_grpc as pb_grpc
 
+from . import offline
 from .common import (
     human_bytes,
+    lazy_module,
     note,
     print_json,
     progress_text,
@@ -41,11 +36,37 @@ from .common import (
     with_progress,
 )
 
+if TYPE_CHECKING:
+    from ckptd.client import Client
+    from ckptd.v1 import ckptd_pb2 as pb
+    from ckptd.v1 import ckptd_pb2_grpc as pb_grpc
+else:  # gRPC and protobuf load on first use: read-only commands with no daemon need neither
+    pb = lazy_module("ckptd.v1.ckptd_pb2")
+
+
+def call(method: Any, request: Any, timeout: float | None, what: str) -> Any:
+    from ckptd.rpc import call as rpc_call
+
+    return rpc_call(method, request, timeout, what)
+
+
 LONG_RPC_S = 6 * 3600.0
 
 
 def _coordinator(start: bool = True) -> pb_grpc.CoordinatorStub:
-    return coordinator_stub(coordinator_address(Home.from_env(), start=start))
+    return _client(start).coordinator
+
+
+def _client(start: bool = True) -> Client:
+    from ckptd.client import Client
+
+    return Client(start_daemon=start)
+
+
+def _offline() -> bool:
+    """A read-only command with no daemon to ask: answered from the records
+    on disk (cli/offline.py), and no daemon is started for it."""
+    return not (os.environ.get("CKPTD_COORDINATOR") or offline.daemon_running(Home.from_env()))
 
 
 def _status_line(st: pb.JobStatus) -> str:
@@ -66,6 +87,8 @@ def _job_exit(st: pb.JobStatus) -> int:
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
+    if _offline():
+        return offline.cmd_jobs(args)
     resp = call(_coordinator().ListJobs, pb.ListJobsRequest(show_env=args.show_env), 30, "coordinator")
     if args.json:
         print_json(list(resp.jobs))
@@ -89,6 +112,8 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    if not args.watch and _offline():
+        return offline.cmd_status(args)
     coord = _coordinator()
     if args.watch:
         # follow the checkpoint or restart in flight to its end, then show the job
@@ -141,6 +166,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    if _offline():
+        return offline.cmd_list(args)
     resp = call(_coordinator().ListCheckpoints, pb.ListCheckpointsRequest(job=args.job), 60, "coordinator")
     if args.json:
         print_json(list(resp.checkpoints))
@@ -254,54 +281,58 @@ def cmd_kill(args: argparse.Namespace) -> int:
 
 
 def cmd_wait(args: argparse.Namespace) -> int:
+    from ckptd.client import exit_status
+
     limits.in_range("--timeout", args.timeout, 0.001, limits.MAX_WAIT_S, "seconds")
-    coord = _coordinator()
-    deadline = time.monotonic() + args.timeout if args.timeout else None
-    told_failed = -1
-    seen = pb.JobStatus()
-    while True:
-        left = 60.0 if deadline is None else max(0.0, deadline - time.monotonic())
-        req = pb.WaitJobRequest(
-            job=args.job, timeout_s=min(left, 60.0), known_state=seen.state, known_generation=seen.generation
-        )
-        st = seen = call(coord.WaitJob, req, min(left, 60.0) + 30, "coordinator")
+    told_failed = [-1]
+
+    def changed(st: pb.JobStatus) -> None:
         state = JobState.of(st.state)
-        if state.ended:
-            if args.json:
-                print_json(st)
-            return 128 + 15 if state is JobState.STOPPED else _job_exit(st)
-        if state in RESTARTABLE and told_failed != st.generation:
-            told_failed = st.generation
+        if state in RESTARTABLE and told_failed[0] != st.generation:
+            told_failed[0] = st.generation
             note(f"ckptctl: job {st.name} is {state} ({st.message}); waiting for a restart")
-        if deadline is not None and time.monotonic() >= deadline:
-            note(f"ckptctl: job {args.job} still {JobState.of(st.state)} after {args.timeout:.0f} s")
-            return 124
+
+    try:
+        st = _client().wait(args.job, args.timeout, on_change=changed)
+    except CkptdError as e:
+        if e.code is not Code.DEADLINE_EXCEEDED:
+            raise
+        note(f"ckptctl: {e.message}")
+        return 124
+    if args.json:
+        print_json(st)
+    return exit_status(st)
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    coord = _coordinator()
-    st = call(coord.GetJob, pb.GetJobRequest(job=args.job), 30, "coordinator")
-    log_path, node, name = Path(st.log_path), st.node, st.name
-    if st.ranks:
-        if not any(r.rank == args.rank for r in st.ranks):
-            raise CkptdError(Code.NOT_FOUND, f"job {st.name} has ranks 0 to {len(st.ranks) - 1}, not {args.rank}")
-        log_path = log_path.parent.parent / f"rank-{args.rank}" / "output.log"
-        node = next(r.node for r in st.ranks if r.rank == args.rank)
-        name = f"{st.name}@{args.rank}"
-    if not args.follow or not JobState.of(st.state).live:
-        return _print_log_file(log_path, args.stream)
-    nodes = call(coord.ListNodes, pb.Empty(), 10, "coordinator")
-    address = next((n.address for n in nodes.nodes if n.node == node), "")
-    if not address:
-        raise CkptdError(Code.UNAVAILABLE, f"node {node} is not reachable to follow the log")
-    agent = agent_stub(address)
-    try:
-        for chunk in agent.FollowOutput(pb.FollowOutputRequest(job=name, follow=True, across_restarts=True)):
+    """The log so far (--tail: its last lines); -f: then what the job
+    writes until it ends, across restarts, and exit with its status."""
+    from ckptd.client import exit_status, read_log, wanted
+
+    if args.tail is not None:
+        limits.in_range("--tail", args.tail, 0, limits.MAX_COUNT)
+    client = _client()
+    st = client.status(args.job)
+    path = client.log_target(st, args.rank)[0]
+    chunks, end = read_log(path, args.stream, args.tail)
+    for c in chunks:
+        _emit(c.stream, c.data, "both")
+    if not args.follow:
+        return 0
+    if JobState.of(st.state).live:
+        for chunk in client.follow_output(args.job, offset=end, rank=args.rank):
             if chunk.end:
+                st = chunk.status
                 break
-            _emit(chunk.stream, chunk.data, args.stream)
-    except grpc.RpcError as e:
-        raise CkptdError.from_rpc(e, "the agent") from None
+            if wanted(chunk.stream, args.stream):
+                _emit(chunk.stream, chunk.data, "both")
+    return exit_status(st) if st.has_exit or JobState.of(st.state) is JobState.STOPPED else 1
+
+
+def cmd_rm(args: argparse.Namespace) -> int:
+    removed = _client().remove(args.job, keep_checkpoints=args.keep_checkpoints)
+    names = sorted(set(removed))
+    say(f"job {args.job} removed" + (f" with its checkpoints {', '.join(names)}" if names else ""))
     return 0
 
 
@@ -312,17 +343,6 @@ def _emit(stream: int, data: bytes, which: str) -> None:
         return
     sys.stdout.buffer.write(data)
     sys.stdout.buffer.flush()
-
-
-def _print_log_file(log: Path, which: str) -> int:
-    from ckptd.agent.output import LogFollower
-
-    if not log.exists():
-        raise CkptdError(Code.NOT_FOUND, f"no log at {log}")
-    follower = LogFollower(log, log.with_suffix(".idx"))
-    for chunk in follower.poll():
-        _emit(chunk.stream, chunk.data, which)
-    return 0
 
 
 def cmd_nodes(args: argparse.Namespace) -> int:
@@ -346,13 +366,39 @@ def cmd_nodes(args: argparse.Namespace) -> int:
     return 0
 
 
+def _checkpoint_path(target: str, ckpt_id: int | None) -> Path:
+    """inspect's argument: a checkpoint directory, or a job (and a checkpoint
+    id: default its latest); NOT_FOUND (exit 3) for a missing one."""
+    if ckpt_id is None and ("/" in target or os.path.isdir(target)):
+        try:
+            os.stat(target)
+        except (FileNotFoundError, NotADirectoryError):
+            raise CkptdError(Code.NOT_FOUND, f"no checkpoint directory {target}") from None
+        except OSError:
+            pass  # (unreadable: the manifest's reading says why)
+        return Path(target)
+    limits.in_range("ID", ckpt_id, 1, limits.MAX_CHECKPOINT_ID)
+    if _offline():
+        found = [(c["id"], c["path"]) for c in offline.list_checkpoints(offline.job(Home.from_env(), target))]
+    else:
+        found = [(c.id, c.path) for c in _client().list(target)]
+    if not found:
+        raise CkptdError(Code.NOT_FOUND, f"job {target} has no checkpoints")
+    if ckpt_id is None:
+        return Path(found[-1][1])
+    path = next((p for i, p in found if i == ckpt_id), None)
+    if path is None:
+        raise CkptdError(Code.NOT_FOUND, f"job {target} has no checkpoint {ckpt_id}; see `ckptctl list {target}`")
+    return Path(path)
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     from ckptd.image import seal
     from ckptd.image.core import CoreImage
     from ckptd.image.manifest import load_manifest, verify_files
     from ckptd.image.transfer import read_upload_record, verify_shared_copy
 
-    path = Path(args.checkpoint)
+    path = _checkpoint_path(args.checkpoint, args.id)
     try:  # only the daemons' user can read the manifest key: others see the checksums only
         key: bytes | None = seal.key()
         authenticity = "checked"
@@ -502,12 +548,19 @@ def parser() -> argparse.ArgumentParser:
     w = add("wait", cmd_wait, "wait until the job finishes, across restarts; exits with its status")
     w.add_argument("--timeout", type=float, metavar="SECONDS", help="give up after this long (exit 124)")
     lg = add("logs", cmd_logs, "print the job's output", json_flag=False)
-    lg.add_argument("-f", "--follow", action="store_true", help="keep printing new output")
+    lg.add_argument(
+        "-f", "--follow", action="store_true",
+        help="keep printing new output, across restarts, until the job ends; then exit with its status",
+    )  # fmt: skip
+    lg.add_argument("--tail", type=int, metavar="N", help="only the last N lines so far")
     lg.add_argument("--stream", choices=("both", "stdout", "stderr"), default="both", help="which output to print")
     lg.add_argument("--rank", type=int, default=0, help="which rank of a multi-node job (default 0)")
+    rm = add("rm", cmd_rm, "forget an ended job: its record and its checkpoints (its log stays)", json_flag=False)
+    rm.add_argument("--keep-checkpoints", action="store_true", help="leave its checkpoints on storage")
     add("nodes", cmd_nodes, "list nodes and their health", job=False)
-    i = add("inspect", cmd_inspect, "describe a checkpoint directory", job=False)
-    i.add_argument("checkpoint", metavar="DIR", help="a checkpoint directory (see `ckptctl list JOB`)")
+    i = add("inspect", cmd_inspect, "describe a checkpoint: a directory, or a job's (its latest, or ID)", job=False)
+    i.add_argument("checkpoint", metavar="DIR|JOB", help="a checkpoint directory (see `ckptctl list JOB`), or a job")
+    i.add_argument("id", metavar="ID", type=int, nargs="?", help="with a job: which checkpoint (default the latest)")
     i.add_argument("--verify", action="store_true", help="also verify every checksum")
     add(
         "shutdown",

@@ -18,31 +18,38 @@ import signal
 import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import grpc
-
-from ckptd import __version__, config, limits, tls
-from ckptd.auth import DEFAULT_ADMINS
-from ckptd.daemon import (
-    DEFAULT_IDLE_EXIT_S,
-    LOG_FORMATS,
-    Security,
-    coordinator_address,
-    run_agent,
-    run_coordinator,
-    run_local,
-    setup_logging,
-)
+from ckptd import __version__, config, limits
 from ckptd.errors import EXIT_USAGE, CkptdError, Code
-from ckptd.image import crypt, seal
 from ckptd.jobstate import JobState
 from ckptd.paths import Home, default_node
-from ckptd.rpc import agent_stub, call, coordinator_stub
-from ckptd.tls import TlsFiles
-from ckptd.v1 import ckptd_pb2 as pb
-from ckptd.v1 import ckptd_pb2_grpc as pb_grpc
 
-from .common import note, run_main, setup_cli_logging
+from .common import lazy_function, lazy_module, note, run_main, setup_cli_logging
+
+if TYPE_CHECKING:
+    import grpc
+
+    from ckptd import tls
+    from ckptd.daemon import Security, coordinator_address, run_agent, run_coordinator, run_local, setup_logging
+    from ckptd.image import crypt, seal
+    from ckptd.rpc import agent_stub, call, coordinator_stub
+    from ckptd.tls import TlsFiles
+    from ckptd.v1 import ckptd_pb2 as pb
+    from ckptd.v1 import ckptd_pb2_grpc as pb_grpc
+else:  # loaded on first use: `ckptd --help` needs none of them (and a daemon, all)
+    grpc = lazy_module("grpc")
+    tls = lazy_module("ckptd.tls")
+    crypt = lazy_module("ckptd.image.crypt")
+    seal = lazy_module("ckptd.image.seal")
+    pb = lazy_module("ckptd.v1.ckptd_pb2")
+    Security, coordinator_address, run_agent, run_coordinator, run_local, setup_logging = (
+        lazy_function("ckptd.daemon", f)
+        for f in ("Security", "coordinator_address", "run_agent", "run_coordinator", "run_local", "setup_logging")
+    )
+    agent_stub, call, coordinator_stub = (
+        lazy_function("ckptd.rpc", f) for f in ("agent_stub", "call", "coordinator_stub")
+    )
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -104,6 +111,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     for flag, value in (("--keep", args.keep), ("--keep-every", args.keep_every), ("--full-every", args.full_every)):
         limits.in_range(flag, value, 1, limits.MAX_COUNT)
     limits.in_range("--ranks", args.ranks, 1, limits.MAX_RANKS)
+    limits.in_range("--max-restarts", args.max_restarts, 1, limits.MAX_COUNT)
     if args.job is not None:
         limits.check_job_name(args.job)
     if args.dedup and not (args.ranks or args.nodes):
@@ -131,7 +139,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
         uid=os.getuid(),
         nranks=args.ranks or 0,
         nodes=[n for n in (args.nodes or "").split(",") if n],
-        auto_restart=args.auto_restart,
+        auto_restart=args.auto_restart or bool(args.max_restarts),
+        max_restarts=args.max_restarts or 0,
         keep_last=args.keep or 0,
         keep_every=args.keep_every or 0,
         full_every=args.full_every or 0,
@@ -213,24 +222,30 @@ def _wait_ranks(coord: pb_grpc.CoordinatorStub, job: str, rank0: pb.JobStatus) -
 
 
 def _tls(args: argparse.Namespace) -> TlsFiles | None:
+    from ckptd.tls import TlsFiles
+
     d = args.tls or tls.default_dir()
     return TlsFiles.load(d) if d else None
 
 
 def cmd_coordinator(args: argparse.Namespace) -> int:
+    from ckptd import auth
+
     home = Home.from_env()
     setup_logging(home, "coordinator", args.verbose, _log_format(args))
-    security = Security(_tls(args), tuple(args.admin or DEFAULT_ADMINS))
+    security = Security(_tls(args), tuple(args.admin or auth.DEFAULT_ADMINS))
     listen = args.listen or f"unix:{home.coordinator_socket}"
     run_coordinator(home, listen, security=security, metrics=_metrics(args))
     return 0
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
+    from ckptd import auth
+
     home = Home.from_env()
     node = args.node or default_node()
     setup_logging(home, f"agent-{node}", args.verbose, _log_format(args))
-    security = Security(_tls(args), tuple(args.admin or DEFAULT_ADMINS))
+    security = Security(_tls(args), tuple(args.admin or auth.DEFAULT_ADMINS))
     listen = args.listen or f"unix:{home.agent_socket(node)}"
     run_agent(home, node, args.coordinator, listen, ip=args.ip or "", security=security, metrics=_metrics(args))
     return 0
@@ -260,8 +275,8 @@ def _metrics(args: argparse.Namespace) -> str:
 
 def _log_format(args: argparse.Namespace) -> str:
     fmt = str(args.log_format or os.environ.get("CKPTD_LOG_FORMAT") or "text")
-    if fmt not in LOG_FORMATS:
-        raise CkptdError(Code.INVALID_ARGUMENT, f"CKPTD_LOG_FORMAT={fmt}: use one of {', '.join(LOG_FORMATS)}")
+    if fmt not in limits.LOG_FORMATS:
+        raise CkptdError(Code.INVALID_ARGUMENT, f"CKPTD_LOG_FORMAT={fmt}: use one of {', '.join(limits.LOG_FORMATS)}")
     return fmt
 
 
@@ -271,7 +286,7 @@ def _daemon_flags(p: argparse.ArgumentParser) -> None:
         help="serve Prometheus metrics on http://HOST:PORT/metrics (default: $CKPTD_METRICS, else none)",
     )  # fmt: skip
     p.add_argument(
-        "--log-format", choices=LOG_FORMATS,
+        "--log-format", choices=limits.LOG_FORMATS,
         help="the daemon log's lines: text, or one JSON object each (default: $CKPTD_LOG_FORMAT, else text)",
     )  # fmt: skip
 
@@ -345,7 +360,7 @@ def parser() -> argparse.ArgumentParser:
     launch.add_argument(
         "--encrypt", action="store_true",
         help="encrypt memory images, saved files and the logs kept in checkpoints (AES-256-GCM) with the key "
-        f"in --encrypt-key FILE or the file ${crypt.KEY_ENV} names (32 bytes, raw or hex, mode 0600)",
+        "in --encrypt-key FILE or the file $CKPTD_ENCRYPT_KEY names (32 bytes, raw or hex, mode 0600)",
     )  # fmt: skip
     launch.add_argument("--encrypt-key", metavar="FILE", help="the key file for --encrypt (implies --encrypt)")
     launch.add_argument("--node", help="run on this node (default: this machine's agent)")
@@ -361,7 +376,13 @@ def parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     launch.add_argument(
         "--auto-restart", action="store_true",
-        help="when a rank dies or its node stops answering, restart the job from its last checkpoint on live nodes",
+        help="when the job dies abnormally (a process SIGKILLed: the OOM killer, kill -9; or its node stops "
+        "answering), restart it from its last checkpoint (on live nodes); an exit, whatever its status, or "
+        "another signal is the program's own end and is not restarted",
+    )  # fmt: skip
+    launch.add_argument(
+        "--max-restarts", type=int, metavar="N",
+        help="with --auto-restart (implied): at most N automatic restarts, then the job stays failed",
     )  # fmt: skip
     launch.add_argument(
         "--sigterm", choices=("checkpoint", "forward"), default="checkpoint",
@@ -425,7 +446,7 @@ def parser() -> argparse.ArgumentParser:
 
     daemon = sub.add_parser("daemon", help="coordinator and local agent in one process (started on demand)")
     daemon.add_argument(
-        "--idle-exit", type=float, default=DEFAULT_IDLE_EXIT_S, metavar="SECONDS",
+        "--idle-exit", type=float, default=limits.DEFAULT_IDLE_EXIT_S, metavar="SECONDS",
         help="exit after this long without running jobs (0: never)",
     )  # fmt: skip
     _daemon_flags(daemon)

@@ -8,18 +8,44 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
-
-from google.protobuf import json_format
-from google.protobuf.descriptor import FieldDescriptor
-from google.protobuf.message import Message
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ckptd.errors import EXIT_CODES, EXIT_FAILED, CkptdError, Code
 from ckptd.jobstate import JobState
-from ckptd.v1 import ckptd_pb2 as pb
+
+if TYPE_CHECKING:  # protobuf is imported where used: `ckptctl jobs` with no daemon needs none
+    from google.protobuf.message import Message
+
+    from ckptd.v1 import ckptd_pb2 as pb
 
 log = logging.getLogger("ckptd.cli")
 T = TypeVar("T")
+
+
+def lazy_module(name: str) -> Any:
+    """A module imported on its first attribute access (gRPC's and protobuf's
+    generated code: a read-only command with no daemon never needs them)."""
+    import importlib
+    import types
+
+    class Lazy(types.ModuleType):
+        def __getattr__(self, attr: str) -> Any:
+            module = importlib.import_module(name)
+            self.__dict__.update(module.__dict__)
+            return getattr(module, attr)
+
+    return Lazy(name)
+
+
+def lazy_function(module: str, name: str) -> Any:
+    """module.name, imported on the first call."""
+
+    def call(*args: Any, **kw: Any) -> Any:
+        import importlib
+
+        return getattr(importlib.import_module(module), name)(*args, **kw)
+
+    return call
 
 
 def setup_cli_logging(verbose: bool) -> None:
@@ -42,18 +68,18 @@ def note(text: str) -> None:
     sys.stderr.flush()
 
 
-_INT64 = {
-    FieldDescriptor.TYPE_INT64,
-    FieldDescriptor.TYPE_UINT64,
-    FieldDescriptor.TYPE_SINT64,
-    FieldDescriptor.TYPE_FIXED64,
-    FieldDescriptor.TYPE_SFIXED64,
-}
-
-
 def _ints(msg: Message, d: dict[str, Any]) -> dict[str, Any]:
     """proto3 JSON writes 64-bit integers as strings, and a job's state as
     its enum name; scripts want numbers, and the word the CLI prints."""
+    from google.protobuf.descriptor import FieldDescriptor
+
+    int64 = {
+        FieldDescriptor.TYPE_INT64,
+        FieldDescriptor.TYPE_UINT64,
+        FieldDescriptor.TYPE_SINT64,
+        FieldDescriptor.TYPE_FIXED64,
+        FieldDescriptor.TYPE_SFIXED64,
+    }
     for f in msg.DESCRIPTOR.fields:
         if f.name not in d:
             continue
@@ -65,21 +91,25 @@ def _ints(msg: Message, d: dict[str, Any]) -> dict[str, Any]:
                 d[f.name] = _ints(value, d[f.name])
         elif f.enum_type is not None and f.enum_type.full_name == "ckptd.v1.JobState":
             d[f.name] = str(JobState.of(getattr(msg, f.name)))
-        elif f.type in _INT64:
+        elif f.type in int64:
             d[f.name] = [int(x) for x in d[f.name]] if isinstance(d[f.name], list) else int(d[f.name])
     return d
 
 
 def to_dict(msg: Message) -> dict[str, Any]:
+    from google.protobuf import json_format
+
     d = json_format.MessageToDict(msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
     return _ints(msg, d)
 
 
 def print_json(obj: Any) -> None:
-    if isinstance(obj, Message):
+    # protobuf is loaded only if a message came from the daemon (offline answers are dicts)
+    message = getattr(sys.modules.get("google.protobuf.message"), "Message", ())
+    if isinstance(obj, message):
         obj = to_dict(obj)
     elif isinstance(obj, list):
-        obj = [to_dict(o) if isinstance(o, Message) else o for o in obj]
+        obj = [to_dict(o) if isinstance(o, message) else o for o in obj]
     sys.stdout.write(json.dumps(obj, indent=2, sort_keys=True) + "\n")
     sys.stdout.flush()
 
@@ -149,6 +179,8 @@ def watch_progress(
         TimeElapsedColumn,
         TransferSpeedColumn,
     )
+
+    from ckptd.v1 import ckptd_pb2 as pb
 
     columns = (
         TextColumn("{task.description}"),

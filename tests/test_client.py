@@ -1,0 +1,70 @@
+"""`ckptd.Client` (issue 16): a scheduler's or a notebook's view of ckptd,
+driving a real daemon: launch, checkpoint, kill, restart, wait, logs."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import PYTHON, Ckptd, run_plain
+
+from ckptd import Client
+from ckptd.client import exit_status
+from ckptd.errors import CkptdError, Code
+from ckptd.jobstate import JobState
+
+
+@pytest.fixture
+def client(ckptd: Ckptd, monkeypatch: pytest.MonkeyPatch) -> Iterator[Client]:
+    monkeypatch.setenv("CKPTD_HOME", str(ckptd.home))
+    monkeypatch.setenv("CKPTD_IDLE_EXIT", "600")
+    monkeypatch.delenv("CKPTD_COORDINATOR", raising=False)
+    yield Client()
+
+
+def test_launch_checkpoint_kill_restart_wait_logs(client: Client, ckptd: Ckptd, counter: Path) -> None:
+    plain = run_plain([PYTHON, str(counter), "120"])  # the reference, run meanwhile
+    st = client.launch([PYTHON, str(counter), "120"], job="cl", env=dict(ckptd.env))
+    assert st.name == "cl" and JobState.of(st.state).live
+    ckptd.wait_log("cl", r"^tick 20$")
+    info = client.checkpoint("cl")
+    assert info.id == 1 and Path(info.path).is_dir()
+    assert [c.name for c in client.list("cl")] == ["ckpt-000001"]
+    assert [j.name for j in client.jobs()] == ["cl"]
+    ckptd.wait_log("cl", r"^tick 40$")
+    for pid in client.status("cl").pids:
+        os.kill(pid, 9)
+    resp = client.restart("cl", force=True)
+    assert resp.checkpoint.name == "ckpt-000001" and resp.status.generation == 1
+    final = client.wait("cl", timeout=120)
+    assert exit_status(final) == 0 and JobState.of(final.state) is JobState.EXITED
+    assert client.logs_text("cl", stream="stdout") == plain.stdout
+    assert b"".join(c.data for c in client.logs("cl", tail=2)) == b"tick 119\nfinished\n"
+
+
+def test_errors_carry_their_code(client: Client) -> None:
+    with pytest.raises(CkptdError) as e:
+        client.status("nosuch")
+    assert e.value.code is Code.NOT_FOUND and e.value.exit_code == 3
+    with pytest.raises(CkptdError) as e:
+        client.launch(["true"], job="../bad")
+    assert e.value.code is Code.INVALID_ARGUMENT
+
+
+def test_follow_logs_and_remove(client: Client, ckptd: Ckptd) -> None:
+    client.launch(["sh", "-c", "sleep 0.5; for i in 1 2 3; do echo l$i; sleep 0.1; done; exit 4"], job="fl")
+    out = b"".join(c.data for c in client.logs("fl", follow=True))
+    assert out == b"l1\nl2\nl3\n"
+    assert exit_status(client.wait("fl")) == 4
+    client.remove("fl")
+    assert client.jobs() == []
+
+
+def test_no_daemon_started_when_told_not_to(ckptd: Ckptd, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CKPTD_HOME", str(ckptd.home))
+    with pytest.raises(CkptdError) as e:
+        Client(start_daemon=False).jobs()
+    assert e.value.code is Code.UNAVAILABLE
+    assert not ckptd.daemon_pids()
