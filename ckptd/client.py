@@ -19,6 +19,7 @@ exit status.  One Client may be used from several threads.
 
 from __future__ import annotations
 
+import builtins
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -173,7 +174,7 @@ class Client:
 
         return self._call("KillJob", pb.KillJobRequest(job=job), 60)  # type: ignore[return-value]
 
-    def remove(self, job: str, *, keep_checkpoints: bool = False) -> list[str]:
+    def remove(self, job: str, *, keep_checkpoints: bool = False) -> builtins.list[str]:
         """Forget an ended job: its record and, unless keep_checkpoints, its
         checkpoints (returns their names).  A running job is refused."""
         from ckptd.v1 import ckptd_pb2 as pb

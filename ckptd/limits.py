@@ -61,4 +61,5 @@ def check_interval(flag: str, interval_s: float | None) -> None:
         return
     in_range(flag, interval_s, MIN_INTERVAL_S, MAX_INTERVAL_S, "seconds")
 
+
 LOG_FORMATS = ("text", "json")  # --log-format, CKPTD_LOG_FORMAT
