@@ -341,6 +341,9 @@ class AgentNode:
         jd = job_dir_of(spec)
         check_storage(Path(spec.ckpt_dir), owner, self.node)
         jd.ensure(spec.ckpt_dir, owner.uid)
+        for f in (jd.log, jd.index):  # a fresh start (an ended job replaced by launch --resume): a fresh log
+            with contextlib.suppress(FileNotFoundError):
+                f.unlink()
         try:
             write_private(jd.spec_file, spec_to_json(spec))
         except OSError as e:
