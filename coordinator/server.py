@@ -486,12 +486,18 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         the job (kill -9, Slurm's KillWait) would leave it running with no
         one to stop or preempt it: it gets a final checkpoint and stops."""
         record, who = self._job(context, request.job)
-        yield shown(self.c.status(record), who)  # the guard holds from here
+        first = self.c.status(record)
+        yield shown(first, who)  # the guard holds from here
+
+        def guarded() -> bool:  # the incarnation the launcher follows, still live (not a later restart)
+            st = self.c.status(record)
+            return JobState.of(st.state).live and st.generation == first.generation
+
         while context.is_active():
-            if not JobState.of(self.c.status(record).state).live:
+            if not guarded():
                 return
             self.c.registry.wait_change(1.0)
-        if JobState.of(self.c.status(record).state).live:
+        if guarded():
             why = "its launcher is gone"
             threading.Thread(
                 target=self.c.final_stop, args=(record, why), name=f"orphan-{record.name}", daemon=True
