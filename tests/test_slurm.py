@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import BIN, PYTHON, WORKLOADS, run_plain
+from conftest import BIN, PYTHON, WORKLOADS, ckptd_at, run_plain
 
 EXAMPLES = Path(__file__).parent.parent / "examples" / "slurm"
 DAEMONS = ("munged", "slurmctld", "slurmd")
@@ -187,15 +187,18 @@ def test_one_node_job_requeued_resumes_from_its_final_checkpoint(slurm: Slurm, t
          str(EXAMPLES / "one_node.sbatch")],
         env=env, capture_output=True, text=True, timeout=60, check=True,
     ).stdout.strip().split(";")[0]  # fmt: skip
-    try:
-        wait_for("no tick 60 in the output", lambda: out.exists() and "tick 60\n" in out.read_text(), 120, slurm)
-        # what --signal=B:USR1@120 does two minutes before the time limit
-        slurm.run("scancel", "--batch", "--signal=USR1", job_id)
-        wait_for("the job did not requeue itself", lambda: slurm.job(job_id).get("Restarts") == "1", 120, slurm)
-        # the requeued job waits for its old credential to expire (cred_expire), then runs again
-        wait_for("the job did not finish", lambda: slurm.job(job_id)["JobState"] == "COMPLETED", 180, slurm)
-    finally:
-        slurm.run("scancel", job_id, check=False)
+    # the embedded daemon a run starts outlives it under proctrack/linuxproc (reparented when its
+    # launcher exits, so no longer below slurmstepd; it would exit idle after CKPTD_IDLE_EXIT): killed here
+    with ckptd_at(home):
+        try:
+            wait_for("no tick 60 in the output", lambda: out.exists() and "tick 60\n" in out.read_text(), 120, slurm)
+            # what --signal=B:USR1@120 does two minutes before the time limit
+            slurm.run("scancel", "--batch", "--signal=USR1", job_id)
+            wait_for("the job did not requeue itself", lambda: slurm.job(job_id).get("Restarts") == "1", 120, slurm)
+            # the requeued job waits for its old credential to expire (cred_expire), then runs again
+            wait_for("the job did not finish", lambda: slurm.job(job_id)["JobState"] == "COMPLETED", 180, slurm)
+        finally:
+            slurm.run("scancel", job_id, check=False)
     notes = err.read_text()
     assert "stopped after ckpt-000001" in notes and "exit 138 (requeue)" in notes, notes
     assert "resumed from ckpt-000001" in notes, notes
