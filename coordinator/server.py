@@ -7,7 +7,7 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -287,6 +287,11 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         if rank is not None and node != request.node:
             return pb.Empty()  # a rank the coordinator has placed elsewhere
         self.c.registry.update(record, request.status, request.node, rank)
+        if request.launcher_gone and (rank is None or rank.rank == 0):  # the rank a launcher follows
+            st = self.c.status(record)  # the incarnation the launcher followed, still live: not a later restart
+            if JobState.of(st.state).live and st.generation == request.status.generation:
+                why = "its launcher is gone"
+                threading.Thread(target=self.c.final_stop, args=(record, why), daemon=True).start()
         return pb.Empty()
 
     # ---- jobs ----
@@ -478,30 +483,6 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                 return shown(status, who)
             self.c.registry.wait_change(min(left, 1.0))
         return shown(self.c.status(record), who)
-
-    @rpc_method
-    def Guard(self, request: pb.GuardRequest, context: grpc.ServicerContext) -> Iterator[pb.JobStatus]:
-        """A foreground launcher's lifeline (launch, restart --attach): held
-        open while the launcher lives.  A launcher that dies without ending
-        the job (kill -9, Slurm's KillWait) would leave it running with no
-        one to stop or preempt it: it gets a final checkpoint and stops."""
-        record, who = self._job(context, request.job)
-        first = self.c.status(record)
-        yield shown(first, who)  # the guard holds from here
-
-        def guarded() -> bool:  # the incarnation the launcher follows, still live (not a later restart)
-            st = self.c.status(record)
-            return JobState.of(st.state).live and st.generation == first.generation
-
-        while context.is_active():
-            if not guarded():
-                return
-            self.c.registry.wait_change(1.0)
-        if guarded():
-            why = "its launcher is gone"
-            threading.Thread(
-                target=self.c.final_stop, args=(record, why), name=f"orphan-{record.name}", daemon=True
-            ).start()
 
     def _replace_ended(self, context: grpc.ServicerContext, name: str) -> None:
         """launch --resume found no checkpoint: an ended job of this name

@@ -4,9 +4,9 @@ The job's output passes through, the exit status is the job's, signals are
 forwarded to it, except the checkpoint signals (--checkpoint-signal, TERM
 unless --sigterm forward): those take a final checkpoint and stop the job,
 and the launcher exits 128+SIG, which a batch script reads as "requeue me"
-(examples/slurm/).  A Guard call to the coordinator stays open meanwhile: if
-the launcher dies without ending the job (kill -9), the coordinator sees the
-call drop and takes the final checkpoint itself.
+(examples/slurm/).  Its output stream is a guard (FollowOutputRequest.guard):
+if the launcher dies without ending the job (kill -9), the agent sees the
+stream drop and the coordinator takes the final checkpoint itself.
 """
 
 from __future__ import annotations
@@ -111,11 +111,12 @@ class Foreground:
     def run(self, agent_address: str, followed: str, offset: int, multi: bool) -> int:
         for sig in set(FORWARDED) | self.ckpt_signals:
             signal.signal(sig, self._on_signal)
-        self._guard()
         agent = agent_stub(agent_address)
         out, err = sys.stdout.buffer, sys.stderr.buffer
+        # guard: if this process dies (kill -9), the job is stopped after a final checkpoint
+        req = pb.FollowOutputRequest(job=followed, offset=offset, follow=True, guard=True)
         try:
-            for chunk in agent.FollowOutput(pb.FollowOutputRequest(job=followed, offset=offset, follow=True)):
+            for chunk in agent.FollowOutput(req):
                 if chunk.end:
                     for t in self.preempting:  # the job stopped for it: let it say so
                         t.join(timeout=6 * 3600)
@@ -131,23 +132,6 @@ class Foreground:
         except grpc.RpcError as e:
             raise CkptdError.from_rpc(e, "the agent") from None
         return 1
-
-    def _guard(self) -> None:
-        """The lifeline (coordinator Guard): open before the job is left to us."""
-        stream = self.coord.Guard(pb.GuardRequest(job=self.job))
-        try:
-            next(stream)
-        except grpc.RpcError as e:
-            note(f"ckptd: the coordinator cannot guard job {self.job} ({e.details()}): a kill -9 of this launcher "
-                 "would leave it running")  # fmt: skip
-            return
-
-        def hold() -> None:
-            with contextlib.suppress(grpc.RpcError):
-                for _ in stream:
-                    pass
-
-        threading.Thread(target=hold, name="guard", daemon=True).start()
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         if signum in self.ckpt_signals:
