@@ -148,6 +148,23 @@ class AgentNode:
                         self._abandon_rounds("the coordinator is unreachable")
             self._stop.wait(HEARTBEAT_S)
 
+    def launcher_gone(self, job: JobRuntime) -> None:
+        """The foreground launcher of job died: the coordinator takes a final
+        checkpoint and stops the job (Coordinator.final_stop)."""
+        log.warning("job %s: its launcher is gone; asking the coordinator for a final checkpoint", job.name)
+
+        def tell() -> None:
+            for _ in range(5):
+                try:
+                    event = pb.JobEvent(node=self.node, status=job.status(), launcher_gone=True)
+                    call(self._coordinator.ReportJobEvent, event, 10, "coordinator")
+                    return
+                except CkptdError as e:
+                    log.warning("job %s: cannot tell the coordinator its launcher is gone: %s", job.name, e.message)
+                    self._stop.wait(2.0)
+
+        threading.Thread(target=tell, name=f"launcher-gone-{job.name}", daemon=True).start()
+
     def _queue_event(self, status: pb.JobStatus) -> None:
         with self._events_cv:
             self._events.append(status)
@@ -343,6 +360,9 @@ class AgentNode:
         jd = job_dir_of(spec)
         check_storage(Path(spec.ckpt_dir), owner, self.node)
         jd.ensure(spec.ckpt_dir, owner.uid)
+        for f in (jd.log, jd.index):  # a fresh start (an ended job replaced by launch --resume): a fresh log
+            with contextlib.suppress(FileNotFoundError):
+                f.unlink()
         try:
             write_private(jd.spec_file, spec_to_json(spec))
         except OSError as e:

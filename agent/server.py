@@ -74,8 +74,17 @@ class AgentService(pb_grpc.AgentServicer):
                 return False
             return job.state in LIVE and (request.across_restarts or job.generation == generation)
 
+        ended = False
+
+        def dropped() -> None:  # the RPC is over: a guarding launcher that went away mid-stream (kill -9)?
+            if not ended and job.state in LIVE and job.generation == generation:
+                self.node.launcher_gone(job)  # the job must not run on unmanaged
+
+        if request.guard:
+            context.add_callback(dropped)
         for chunk in follower.follow(running):
             yield pb.OutputChunk(stream=chunk.stream, data=chunk.data, offset=chunk.offset)
+        ended = True
         yield pb.OutputChunk(end=True, status=self._shown(context, job.status()), offset=follower.offset)
 
     @rpc_method

@@ -51,6 +51,8 @@ def exit_status(status: pb.JobStatus) -> int:
 
     if status.state == JobState.STOPPED.pb:
         return 128 + signal.SIGTERM
+    if not status.has_exit:  # failed or lost without an exit of its own
+        return 1
     if status.exit_signal:
         return 128 + status.exit_signal
     return status.exit_code

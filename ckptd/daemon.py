@@ -180,6 +180,7 @@ def run_local(home: Home, idle_exit_s: float, metrics: str = "") -> None:
     """Coordinator and this node's agent in one process, on Unix sockets."""
     from ckptd.agent.node import AgentNode
     from ckptd.agent.server import AgentService
+    from ckptd.coordinator.jobs import JobRecord
     from ckptd.coordinator.server import Coordinator, CoordinatorService
 
     home.ensure()
@@ -214,7 +215,39 @@ def run_local(home: Home, idle_exit_s: float, metrics: str = "") -> None:
                 stop.set()
 
     threading.Thread(target=idle_watch, daemon=True).start()
-    _wait_for_signal(stop)
+    draining = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        """SIGTERM with jobs running: not an exit.  Slurm (scancel, requeue,
+        preemption) signals every process below the batch script, this daemon
+        too when `ckptd launch` started it: the jobs' launchers are taking
+        final checkpoints through it.  It takes them itself (a job whose
+        launcher is gone, or a detached one), then exits."""
+        live = [r for r in coordinator.registry.all() if JobState.of(r.status.state).live]
+        if not live:
+            stop.set()
+        elif not draining.is_set():
+            draining.set()
+            log.warning("signal %d with %d job(s) running: final checkpoints, then exit", signum, len(live))
+            threading.Thread(target=drain, args=(live, signum), daemon=True).start()
+
+    def drain(live: list[JobRecord], signum: int) -> None:
+        workers = [
+            threading.Thread(target=coordinator.final_stop, args=(r, f"daemon got signal {signum}"), daemon=True)
+            for r in live
+        ]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+    for sig in (signal.SIGUSR1, signal.SIGUSR2):  # `scancel --signal USR1` reaches this daemon too: not its business
+        signal.signal(sig, signal.SIG_IGN)
+    while not stop.wait(1.0):
+        pass
     agent.stop()
     coordinator.stop()
     aserver.stop(1).wait()

@@ -140,6 +140,32 @@ class Coordinator:
         resp.status.CopyFrom(self.status(record))
         return resp
 
+    def final_stop(self, record: JobRecord, why: str) -> None:
+        """A final checkpoint, then the job stops (a dead launcher, the
+        embedded daemon's SIGTERM under Slurm); killed if no checkpoint can
+        be taken.  A checkpoint already in flight (the launcher's own) is
+        waited for: the retries see the job stopped."""
+        log.warning("job %s: %s: a final checkpoint, then the job stops", record.name, why)
+        for attempt in range(5):
+            if not JobState.of(self.status(record).state).live:
+                return  # the launcher's own final checkpoint (or the job's end) got there first
+            try:
+                info = self.checkpoint(record, then_stop=True)
+                log.info("job %s stopped after %s; `ckptd launch --resume` resumes it", record.name, info.name)
+                return
+            except CkptdError as e:
+                log.warning("job %s: final checkpoint %d failed: %s", record.name, attempt + 1, e.message)
+                time.sleep(2.0)  # a checkpoint in progress, a job still restoring
+        if JobState.of(self.status(record).state).live:
+            log.warning("job %s: no final checkpoint could be taken: killing it", record.name)
+            for t in record.targets():
+                try:
+                    stub = self.nodes.live_stub(t.node, record.name)
+                    st = call(stub.SignalJob, pb.SignalRequest(job=t.name, signal=9), 30, f"agent on {t.node}")
+                    self.registry.update(record, st, t.node, t.rank)
+                except CkptdError as e:
+                    log.warning("job %s: cannot kill it on %s: %s", record.name, t.node, e.message)
+
     def _rank_status(self, rank: RankRecord) -> pb.JobStatus:
         with self.registry.lock:
             last = pb.JobStatus()
@@ -280,6 +306,11 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         if rank is not None and node != request.node:
             return pb.Empty()  # a rank the coordinator has placed elsewhere
         self.c.registry.update(record, request.status, request.node, rank)
+        if request.launcher_gone and (rank is None or rank.rank == 0):  # the rank a launcher follows
+            st = self.c.status(record)  # the incarnation the launcher followed, still live: not a later restart
+            if JobState.of(st.state).live and st.generation == request.status.generation:
+                why = "its launcher is gone"
+                threading.Thread(target=self.c.final_stop, args=(record, why), daemon=True).start()
         return pb.Empty()
 
     # ---- jobs ----
@@ -296,6 +327,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             spec.owner = request.as_user
         spec.name = spec.name or new_job_name()
         check_spec(spec)
+        if request.replace_ended:
+            self._replace_ended(context, spec.name)
         spec.ckpt_dir = str(Path(spec.ckpt_dir or self.c.home.default_ckpt_dir).resolve())
         check_tiers(spec)
         spec.created = spec.created or now_rfc3339()
@@ -497,6 +530,28 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                 return shown(status, who)
             self.c.registry.wait_change(min(left, 1.0))
         return shown(self.c.status(record), who)
+
+    def _replace_ended(self, context: grpc.ServicerContext, name: str) -> None:
+        """launch --resume found no checkpoint: an ended job of this name
+        (stopped or failed before its first checkpoint) gives way to a fresh one."""
+        try:
+            record = self.c.registry.get(name)
+        except CkptdError as e:
+            if e.code is Code.NOT_FOUND:
+                return
+            raise
+        self.policy.require_owner(context, record.spec.owner, record.name)
+        state = JobState.of(self.c.status(record).state)
+        if state.live:
+            raise CkptdError(
+                Code.FAILED_PRECONDITION, f"job {name} is {state}: it cannot be launched again while it runs"
+            )
+        if self.c.catalog.list_job(record):
+            raise CkptdError(
+                Code.FAILED_PRECONDITION, f"job {name} has a checkpoint now: `ckptd launch --resume` restarts from it"
+            )
+        log.info("job %s (%s, no checkpoint) replaced by a fresh launch", name, state)
+        self.c.registry.remove(name)
 
     @rpc_method
     def ListNodes(self, request: pb.Empty, context: grpc.ServicerContext) -> pb.ListNodesResponse:

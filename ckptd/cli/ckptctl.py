@@ -35,6 +35,7 @@ from .common import (
     watch_progress,
     with_progress,
 )
+from .foreground import attach_after_restart, checkpoint_signals, signal_flags
 
 if TYPE_CHECKING:
     from ckptd.client import Client
@@ -235,6 +236,11 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
 
 def cmd_restart(args: argparse.Namespace) -> int:
     limits.in_range("--from", args.from_id, 1, limits.MAX_CHECKPOINT_ID)
+    ckpt_signals = checkpoint_signals(args)
+    if (args.checkpoint_signal or args.sigterm != "checkpoint") and not args.attach:
+        raise CkptdError(Code.INVALID_ARGUMENT, "--checkpoint-signal and --sigterm apply to --attach: add it")
+    if args.attach and args.json:
+        raise CkptdError(Code.INVALID_ARGUMENT, "--attach passes the job's output through: leave out --json")
     coord = _coordinator()
     req = pb.RestartRequest(
         job=args.job, from_id=args.from_id or 0, placement=args.on or [], force=args.force,
@@ -245,6 +251,9 @@ def cmd_restart(args: argparse.Namespace) -> int:
         lambda: _phase(coord, args.job),
         sys.stderr.isatty() and not args.json,
     )
+    if args.attach:
+        note(f"ckptctl: job {resp.status.name} restarted from {resp.checkpoint.name}")
+        return attach_after_restart(coord, resp, ckpt_signals)
     if args.json:
         d = to_dict(resp)
         d["status"]["pids"] = list(resp.status.pids)
@@ -539,6 +548,13 @@ def parser() -> argparse.ArgumentParser:
         "and the memory images' checksums are checked meanwhile (a mismatch kills the job and puts its files "
         "back); checkpoints and fork() wait until the fill is done. Single-node jobs",
     )  # fmt: skip
+    r.add_argument(
+        "--attach", action="store_true",
+        help="stay in the foreground as `ckptd launch` does: the job's output from the checkpoint on passes "
+        "through, the exit status is the job's, and a checkpoint signal (TERM, --checkpoint-signal) takes a "
+        "final checkpoint, stops the job and exits 128+SIG",
+    )  # fmt: skip
+    signal_flags(r)
     pr = add("prune", cmd_prune, "remove checkpoints beyond a retention policy (the newest is always kept)")
     pr.add_argument("--keep", type=int, metavar="N", help="keep the last N checkpoints")
     pr.add_argument(

@@ -12,11 +12,8 @@ ckptd daemon                     (the embedded coordinator + agent; started on d
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
-import signal
 import sys
-import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,6 +23,7 @@ from ckptd.jobstate import JobState
 from ckptd.paths import Home, default_node
 
 from .common import lazy_function, lazy_module, note, run_main, setup_cli_logging
+from .foreground import Foreground, attach_after_restart, checkpoint_signals, exit_status, signal_flags
 
 if TYPE_CHECKING:
     import grpc
@@ -51,23 +49,11 @@ else:  # loaded on first use: `ckptd --help` needs none of them (and a daemon, a
         lazy_function("ckptd.rpc", f) for f in ("agent_stub", "call", "coordinator_stub")
     )
 
-FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
-
 
 def current_umask() -> int:
     mask = os.umask(0o077)
     os.umask(mask)
     return mask
-
-
-def exit_status(status: pb.JobStatus) -> int:
-    if status.state == JobState.STOPPED.pb:  # preempted after a final checkpoint
-        return 128 + signal.SIGTERM
-    if not status.has_exit:
-        return 1
-    if status.exit_signal:
-        return 128 + status.exit_signal
-    return status.exit_code
 
 
 def encryption_of(args: argparse.Namespace) -> tuple[str, str]:
@@ -125,8 +111,22 @@ def cmd_launch(args: argparse.Namespace) -> int:
              "then go up to --ckpt-dir compressed)")  # fmt: skip
         return EXIT_USAGE
     key_file, key_check = encryption_of(args)
+    ckpt_signals = checkpoint_signals(args)
+    if args.resume and not args.job:
+        note(
+            "error: --resume needs --job NAME: the job to resume, or to launch under that name if it has no checkpoint"
+        )
+        return EXIT_USAGE
+    if args.resume and args.detach:
+        note("error: --resume stays in the foreground; leave out --detach")
+        return EXIT_USAGE
     home = Home.from_env()
     address = coordinator_address(home)
+    coord = coordinator_stub(address)
+    if args.resume:
+        resumed = _resume(coord, args.job, argv, ckpt_signals)
+        if resumed is not None:
+            return resumed
     spec = pb.JobSpec(
         name=args.job or "",
         argv=argv,
@@ -151,74 +151,48 @@ def cmd_launch(args: argparse.Namespace) -> int:
     )
     multi = bool(spec.nranks or spec.nodes)
     node = "" if multi else args.node or (default_node() if os.environ.get("CKPTD_COORDINATOR") else "")
-    coord = coordinator_stub(address)
-    request = pb.LaunchJobRequest(spec=spec, node=node, as_user=args.as_user or "")
+    request = pb.LaunchJobRequest(spec=spec, node=node, as_user=args.as_user or "", replace_ended=args.resume)
     resp = call(coord.LaunchJob, request, 90, "coordinator")
     job = resp.status.name
     note(f"ckptd: job {job}")
     if args.detach:
         sys.stdout.write(job + "\n")
         return 0
+    return Foreground(coord, job, ckpt_signals).run(resp.agent_address, resp.agent_job or job, 0, multi)
 
-    preempting: list[threading.Thread] = []
 
-    def preempt() -> None:
-        """SIGTERM (a spot reclaim, a maintenance drain): a final checkpoint,
-        then the job stops; `ckptctl restart` resumes it later."""
-        note(f"ckptd: SIGTERM: taking a final checkpoint of job {job}, then stopping it")
-        try:
-            info = call(coord.Checkpoint, pb.CheckpointRequest(job=job, then_stop=True), 6 * 3600, "coordinator")
-            note(f"ckptd: job {job} stopped after {info.name}; `ckptctl restart {job}` resumes it")
-        except CkptdError as e:
-            note(f"ckptd: final checkpoint failed ({e.message}); passing SIGTERM to the job")
-            with contextlib.suppress(CkptdError):
-                call(coord.SignalJob, pb.SignalRequest(job=job, signal=signal.SIGTERM), 10, "coordinator")
-
-    def forward(signum: int, _frame: object) -> None:
-        def send() -> None:
-            try:
-                call(coord.SignalJob, pb.SignalRequest(job=job, signal=signum), 10, "coordinator")
-            except CkptdError as e:
-                note(f"ckptd: could not forward signal {signum}: {e.message}")
-
-        if signum == signal.SIGTERM and args.sigterm == "checkpoint":
-            t = threading.Thread(target=preempt, daemon=True)
-            preempting.append(t)
-            t.start()
-            return
-        threading.Thread(target=send, daemon=True).start()
-
-    for sig in FORWARDED:
-        signal.signal(sig, forward)
-
-    agent = agent_stub(resp.agent_address)
-    out, err = sys.stdout.buffer, sys.stderr.buffer
-    followed = resp.agent_job or job
+def _resume(coord: pb_grpc.CoordinatorStub, job: str, argv: list[str], ckpt_signals: frozenset[int]) -> int | None:
+    """launch --resume: the job's status if it resumed (from its latest
+    committed checkpoint, followed in the foreground), None if it has none
+    and must be launched fresh."""
     try:
-        for chunk in agent.FollowOutput(pb.FollowOutputRequest(job=followed, offset=0, follow=True)):
-            if chunk.end:
-                for t in preempting:  # the job stopped for it: let it say so
-                    t.join(timeout=60)
-                if multi:  # rank 0's output ended: the job ends with its last rank
-                    return exit_status(_wait_ranks(coord, job, chunk.status))
-                return exit_status(chunk.status)
-            stream = err if chunk.stream == 2 else out
-            stream.write(chunk.data)
-            stream.flush()
-    except grpc.RpcError as e:
-        raise CkptdError.from_rpc(e, "the agent") from None
-    return 1
+        st = call(coord.GetJob, pb.GetJobRequest(job=job), 30, "coordinator")
+    except CkptdError as e:
+        if e.code is Code.NOT_FOUND:
+            return None
+        raise
+    state = JobState.of(st.state)
+    if state.live:
+        raise CkptdError(
+            Code.FAILED_PRECONDITION,
+            f"job {job} is {state}: --resume restarts a job that has stopped, not one running "
+            f"(another launcher of it? see `ckptctl status {job}`)",
+        )
+    if state is JobState.EXITED and not st.exit_signal:  # killed by a signal (Slurm's SIGTERM): resumable
+        note(f"ckptd: job {job} has finished already ({_exit_text(st)}): nothing to resume; choose another --job name")
+        return exit_status(st)
+    ckpts = call(coord.ListCheckpoints, pb.ListCheckpointsRequest(job=job), 30, "coordinator").checkpoints
+    if not ckpts:
+        return None
+    if list(st.spec.argv) and list(st.spec.argv) != argv:
+        note(f"ckptd: job {job} resumes the command it was launched with: {' '.join(st.spec.argv)}")
+    resp = call(coord.Restart, pb.RestartRequest(job=job), 6 * 3600, "coordinator")
+    note(f"ckptd: job {job} resumed from {resp.checkpoint.name}")
+    return attach_after_restart(coord, resp, ckpt_signals)
 
 
-def _wait_ranks(coord: pb_grpc.CoordinatorStub, job: str, rank0: pb.JobStatus) -> pb.JobStatus:
-    if rank0.state != JobState.EXITED.pb:
-        return rank0  # killed, failed or stopped: this launch is over
-    seen = pb.JobStatus()
-    while True:
-        req = pb.WaitJobRequest(job=job, timeout_s=60, known_state=seen.state, known_generation=seen.generation)
-        st = seen = call(coord.WaitJob, req, 90, "coordinator")
-        if not JobState.of(st.state).live:
-            return st
+def _exit_text(st: pb.JobStatus) -> str:
+    return f"signal {st.exit_signal}" if st.exit_signal else f"exit {st.exit_code}"
 
 
 def _tls(args: argparse.Namespace) -> TlsFiles | None:
@@ -323,7 +297,10 @@ def parser() -> argparse.ArgumentParser:
         "launch",
         help="run a command under checkpoint control",
         description="Run CMD in the foreground with the ckptd shim injected.  Its output passes through and is "
-        "kept in the job's log; the exit status is CMD's (128+N if killed by signal N).",
+        "kept in the job's log; the exit status is CMD's (128+N if killed by signal N).  On a checkpoint signal "
+        "SIG (TERM, and each --checkpoint-signal) the job gets a final checkpoint and stops, and launch exits "
+        "128+SIG (143 for TERM, 138 for USR1): requeue the job and run the same `ckptd launch --resume` again.  "
+        "If this launcher is killed (kill -9), the daemon takes the final checkpoint and stops the job itself.",
     )
     launch.add_argument("--job", help="job name (default: generated, printed on stderr)")
     launch.add_argument(
@@ -384,9 +361,12 @@ def parser() -> argparse.ArgumentParser:
         "--max-restarts", type=int, metavar="N",
         help="with --auto-restart (implied): at most N automatic restarts, then the job stays failed",
     )  # fmt: skip
+    signal_flags(launch)
     launch.add_argument(
-        "--sigterm", choices=("checkpoint", "forward"), default="checkpoint",
-        help="on SIGTERM: take a final checkpoint and stop the job (default), or pass SIGTERM to it",
+        "--resume", action="store_true",
+        help="with --job NAME: restart NAME from its latest committed checkpoint if it has one, else launch it "
+        "fresh (also over a NAME that stopped or failed before its first checkpoint); refused while NAME runs. "
+        "A requeued batch script needs nothing else",
     )  # fmt: skip
     launch.add_argument("--detach", action="store_true", help="print the job name and return at once")
     launch.add_argument(

@@ -502,6 +502,16 @@ int main(int argc, char **argv)
     parse(argc, argv, &o);
     signal(SIGPIPE, SIG_IGN);
     signal(SIGHUP, SIG_IGN);
+    /* the relay (and the reaper it forks) are ckptd's, not the job's: a batch
+     * system signalling every process of a job (Slurm's scancel, requeue)
+     * must not cut the job's output while its final checkpoint is taken.
+     * The agent ends them with SIGKILL; the job itself starts with every
+     * signal at SIG_DFL (run_job). */
+    signal(SIGTERM, SIG_IGN);
+    signal(SIGINT, SIG_IGN);
+    signal(SIGQUIT, SIG_IGN);
+    signal(SIGUSR1, SIG_IGN);
+    signal(SIGUSR2, SIG_IGN);
     enter_rank_namespaces(&o);  /* the host's CAP_SYS_ADMIN: before dropping it */
     drop_privileges(&o);
     unlink(o.exit_file);
