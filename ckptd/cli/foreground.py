@@ -18,7 +18,6 @@ import sys
 import threading
 import time
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 from ckptd.client import exit_status
