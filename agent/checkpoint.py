@@ -117,16 +117,6 @@ def _wait_unlocked(path: Path, timeout_s: float) -> None:
         os.close(fd)
 
 
-def _exited(pid: int) -> bool:
-    """Gone, or a zombie its parent has not reaped yet (a short-lived child)."""
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-    except psutil.Error:
-        return False
-
-
 def _allocated_under(directory: Path, dumps: Iterable[pb.ProcessDump]) -> int:
     """Bytes the images' page files hold so far (written at offsets, so
     allocated blocks, not sizes)."""
@@ -246,7 +236,7 @@ class Checkpointer:
                     try:
                         reply = conn.request("QUIESCE", timeout=timeout_s + 5, timeout_ms=int(timeout_s * 1000))
                     except ShimError as e:
-                        if conn.hung_up() or _exited(conn.host_pid):
+                        if conn.gone():
                             continue  # exited (or exec'd) meanwhile: the next pass sees what is left
                         if e.code is Code.DEADLINE_EXCEEDED:
                             # a process that did not answer (stopped, say) may still park once it runs

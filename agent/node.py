@@ -240,7 +240,7 @@ class AgentNode:
             # may get here in either order: a connection whose process already
             # closed it never replaces the one it has now (it would be dropped
             # at its close, and the process seen as outside the shim).
-            if conn.hung_up():
+            if conn.gone():
                 return
             job.shims[conn.host_pid] = conn
             job.cond.notify_all()

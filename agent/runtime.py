@@ -273,7 +273,7 @@ class JobRuntime:
             if pid == inc.init_pid:
                 # the ancestry read was the connecting process's own, not a
                 # later one's with its pid (the socket is open to every uid)
-                return "" if conn.alive() else "it exited"
+                return "it exited" if conn.gone() else ""
             if pid <= 1:
                 break
             try:

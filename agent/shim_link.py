@@ -120,7 +120,7 @@ class ShimConnection:
         self.closed = threading.Event()
         self._file = sock.makefile("rb")
 
-    def alive(self) -> bool:
+    def _alive(self) -> bool:
         """Whether the process that connected still lives (its pid was not
         reused meanwhile); True where the kernel gives no pidfd."""
         if self.pidfd is None:
@@ -216,9 +216,23 @@ class ShimConnection:
                 raise ShimError(code, reply.fields.get("msg", "unknown error"))
             return reply
 
-    def hung_up(self) -> bool:
-        """The process closed its end (it exited, or exec'd: its descriptor
-        is close-on-exec), whether or not the reader has seen it yet."""
+    def gone(self) -> bool:
+        """Whether the process that said HELLO on this connection has ended:
+        it closed its end (an exit, or an exec: the descriptor is
+        close-on-exec), its pidfd finds it dead, or it is a zombie its parent
+        has not reaped yet (a short-lived child).  The one answer to "is it
+        still there" for a HELLO's registration and refusal and for a
+        round's QUIESCE."""
+        if self._hung_up() or not self._alive():
+            return True
+        try:
+            with open(f"/proc/{self.host_pid}/stat") as f:  # the pidfd says the pid is still its own
+                return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+        except (OSError, IndexError):
+            return True
+
+    def _hung_up(self) -> bool:
+        """The process closed its end, whether or not the reader has seen it yet."""
         if self.closed.is_set():
             return True
         try:
