@@ -91,6 +91,11 @@ class Ckptd:
     def ctl(self, *args: str, check: bool = True, timeout: float = 180) -> subprocess.CompletedProcess[str]:
         return self.run(CKPTCTL, *args, check=check, timeout=timeout)
 
+    def start_daemon(self) -> None:
+        """The local daemon, started as any command that needs it starts it
+        (read-only ones -- jobs, status, list -- never do)."""
+        self.ctl("nodes")
+
     def ctl_json(self, *args: str) -> Any:
         return json.loads(self.ctl(*args, "--json").stdout)
 
@@ -272,6 +277,18 @@ def ckptd_at(home: Path, user: tuple[int, int] | None = None) -> Iterator[Ckptd]
         yield c
     finally:
         c.cleanup()
+
+
+@pytest.fixture(autouse=True)
+def _environment_as_it_was() -> Iterator[None]:
+    """Every test leaves this process's environment as it found it: the
+    config file's [env] goes into os.environ (ckptd/config.py), and a test
+    that reads a config file in-process would otherwise hand the rest of
+    the suite its CKPTD_COORDINATOR or CKPTD_MANIFEST_KEY."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 @pytest.fixture

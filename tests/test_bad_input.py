@@ -266,7 +266,7 @@ def test_checkpoint_storage_full(ckptd: Ckptd, tmp_path: Path) -> None:
 def test_process_not_launched_under_ckptd(ckptd: Ckptd) -> None:
     plain = subprocess.Popen(["sleep", "60"])
     try:
-        ckptd.ctl("jobs")  # make sure the daemon runs
+        ckptd.start_daemon()
         p = ckptd.ctl("checkpoint", str(plain.pid), check=False)
         assert p.returncode == NOT_FOUND
         one_line_error(p, str(plain.pid), "not launched under ckptd", "ckptd launch")

@@ -173,7 +173,7 @@ def test_an_unsafe_manifest_key_stops_the_daemon(tmp_path: Path, problem: str) -
         env.pop(var, None)
     runs = [[CKPTD, "coordinator", "--listen", f"unix:{tmp_path}/c.sock", "--manifest-key", str(key)],
             [CKPTD, "daemon", "--idle-exit", "5"],
-            [CKPTCTL, "jobs"]]  # the CLI starting the local daemon says the daemon's own reason  # fmt: skip
+            [CKPTCTL, "checkpoint", "nosuch"]]  # the CLI starting the local daemon says its reason  # fmt: skip
     for argv in runs:
         run_env = env if "--manifest-key" in argv else dict(env, CKPTD_MANIFEST_KEY=str(key))
         p = subprocess.run(argv, env=run_env, capture_output=True, text=True, timeout=60)

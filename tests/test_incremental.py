@@ -37,7 +37,8 @@ def checkpoints_at(c: Ckptd, job: str, steps: range, *, rpc: bool = False) -> li
         # incremental image holds pages the job changed in between
         step = max(wanted, done + 1)
         c.wait_log(job, rf"^step {step} ")
-        done = max(int(n) for n in re.findall(r"(?m)^step (\d+) ", c.log_file(job).read_text()))
+        log = c.log_file(job).read_text(errors="replace")  # as wait_log reads it: fast
+        done = max(int(n) for n in re.findall(r"(?m)^step (\d+) ", log))
         if stub is None:
             infos.append(c.checkpoint(job))
         else:

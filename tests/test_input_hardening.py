@@ -84,7 +84,7 @@ def test_ckptctl_refuses(ckptd: Ckptd, args: list[str]) -> None:
 
 
 def _coordinator(c: Ckptd) -> pb_grpc.CoordinatorStub:
-    c.ctl("jobs")  # starts the local daemon
+    c.start_daemon()
     return coordinator_stub(coordinator_address(Home(c.home), start=False))
 
 
@@ -123,7 +123,7 @@ def test_launch_rpc_refuses(ckptd: Ckptd, tmp_path: Path, spec: dict[str, object
 def test_agent_start_job_refuses_paths(ckptd: Ckptd, tmp_path: Path, name: str, rank_job: str) -> None:
     """Agent.StartJob, called over the agent's own Unix socket: the agent
     itself refuses a name that is not a plain name, whoever sends it."""
-    ckptd.ctl("jobs")  # starts the local daemon (coordinator + this node's agent)
+    ckptd.start_daemon()  # coordinator + this node's agent
     ck = tmp_path / "deep" / "ck"
     ck.mkdir(parents=True)
     home = Home(ckptd.home)
