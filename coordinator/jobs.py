@@ -244,8 +244,15 @@ class JobRegistry:
             return sorted(self.jobs.values(), key=lambda r: r.spec.created)
 
     def update(self, record: JobRecord, status: pb.JobStatus, node: str, rank: RankRecord | None = None) -> None:
-        """An agent's report of the job's (or one rank's) state."""
+        """An agent's report of the job's (or one rank's) state.  A report of
+        a live state is stale once the same incarnation (its generation) has
+        been reported ended: StartJob's answer ("running") can arrive after
+        the agent's report that a short job already exited, and taking it
+        would leave the job running for ever to `ckptctl wait`."""
         with self.lock:
+            old = rank.status if rank is not None else record.status
+            if JobState.of(old.state).ended and JobState.of(status.state).live and old.generation == status.generation:
+                return
             was_terminal = JobState.of(record.status.state).ended
             if rank is not None:
                 rank.status = status

@@ -27,6 +27,17 @@ def test_foreground_passthrough_and_exit_status(ckptd: Ckptd) -> None:
     assert st["state"] == "exited" and st["exit_code"] == 3
 
 
+def test_a_job_that_ends_at_once_is_seen_ended(ckptd: Ckptd) -> None:
+    """The agent's report that a short job exited can reach the coordinator
+    before StartJob's answer ("running"); the stale answer must not win, or
+    `ckptctl wait` waits for ever (it did, now and then, under load)."""
+    for i in range(8):
+        ckptd.launch(f"short{i}", ["true"])
+    for i in range(8):
+        assert ckptd.wait(f"short{i}", timeout=30) == 0, ckptd.status(f"short{i}")
+        assert ckptd.status(f"short{i}")["state"] == "exited"
+
+
 def test_foreground_launch_reports_sigkill(ckptd: Ckptd, counter: Path) -> None:
     p = ckptd.popen_launch("fgk", [PYTHON, str(counter), "1000"])
     ckptd.wait_log("fgk", r"^tick 3$")

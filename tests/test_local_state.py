@@ -120,6 +120,7 @@ def test_runtime_dir_not_private_refused(runtime: tuple[Ckptd, Path], tmp_path: 
     assert list(elsewhere.iterdir()) == []
     run_dir.unlink()
     # as told: removed, it is made again, private, and everything works
+    c.start_daemon()  # (read-only commands make nothing: a command that needs the daemon)
     assert c.ctl("jobs").stdout.strip() == "no jobs"
     st = run_dir.lstat()
     assert stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == os.geteuid()

@@ -27,7 +27,11 @@ _CHECKPOINT = re.compile(r"^ckpt-(\d{6,})$")
 
 def daemon_running(home: Home) -> bool:
     """Whether something listens on the local coordinator's socket (a plain
-    connect: no gRPC, and nothing is created, not even the runtime directory)."""
+    connect: no gRPC, and nothing is created, not even the runtime directory).
+    A runtime directory or socket someone else made is refused as the real
+    client refuses it, never connected to (ARCHITECTURE.md, Local state)."""
+    if not home.check_run_dir(create=False) or not home.our_socket(home.coordinator_socket):
+        return False
     path = str(home.coordinator_socket)
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
