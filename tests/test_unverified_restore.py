@@ -60,6 +60,7 @@ def test_a_restart_cut_short_by_the_daemons_death_never_runs(ckptd: Ckptd, tmp_p
     assert log.stat().st_size == size, log.read_bytes()[size:][:500]
 
     # the next daemon finds the incarnation it never saw verified, and kills it
+    ckptd.start_daemon()  # (status alone, with no daemon, reads the records: "lost")
     st = ckptd.status("cut")
     deadline = time.monotonic() + 60
     while st["state"] not in ("failed", "lost") and time.monotonic() < deadline:
