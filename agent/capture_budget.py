@@ -24,6 +24,8 @@ import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from .progress import resident_anon
+
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 # what stays free besides the copy: page tables, the writer's buffers, slack
 RESERVE = 64 << 20
@@ -46,14 +48,6 @@ class Budget:
             f"a copy-on-write capture could need {self.cost // mib} MiB; "
             f"{self.available // mib} MiB available ({self.bound})"
         )
-
-
-def _anonymous(pid: int) -> int:
-    with contextlib.suppress(OSError), open(f"/proc/{pid}/smaps_rollup") as f:
-        for line in f:
-            if line.startswith("Anonymous:"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 def _mem_available() -> int:
@@ -123,7 +117,9 @@ def cgroup_headrooms(pid: int) -> list[tuple[int, str]]:
 def budget(host_pids: list[int]) -> Budget:
     """The worst case of a copy-on-write capture of these processes, and what
     the machine and their cgroups can still give."""
-    cost = sum(_anonymous(p) for p in host_pids)
+    # the kernel's counter (status RssAnon), not smaps_rollup: this runs while
+    # the job is parked, and smaps_rollup walks every page table
+    cost = sum(resident_anon(p, ("RssAnon:",)) for p in host_pids)
     candidates = [(_mem_available(), "MemAvailable")]
     if host_pids:
         candidates += cgroup_headrooms(host_pids[0])
