@@ -410,3 +410,28 @@ def torch_path(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         if p.returncode != 0:
             pytest.skip(f"torch=={TORCH_VERSION} is not installable here: {p.stderr.strip()[-300:]}")
     yield str(target)
+
+
+# The fault-injection matrix (tests/faultmatrix.py): every cell's test carries its cell in its report,
+# and the matrix is printed at the end of every run that checked at least one cell.
+import faultmatrix  # noqa: E402
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--fault-matrix", metavar="PATH", help="also write the fault-injection matrix as Markdown")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    faultmatrix.properties(item)
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    reports = [r for key in ("passed", "failed", "error", "skipped") for r in terminalreporter.stats.get(key, [])]
+    table = faultmatrix.render(faultmatrix.collect(reports))
+    if not table:
+        return
+    terminalreporter.write_sep("=", "fault-injection matrix")
+    terminalreporter.write_line(table)
+    path = config.getoption("--fault-matrix")
+    if path:
+        Path(path).write_text(table + "\n")
