@@ -425,6 +425,17 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     faultmatrix.properties(item)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests that build namespace nodes (tests/cluster.py: fixed netns names and addresses) run one after
+    another on one pytest-xdist worker (`--dist loadgroup`); every other test may run beside any test."""
+    from cluster import Cluster
+
+    for item in items:
+        module = getattr(item, "module", None)
+        if module is not None and any(isinstance(v, type) and issubclass(v, Cluster) for v in vars(module).values()):
+            item.add_marker(pytest.mark.xdist_group("cluster"))
+
+
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     reports = [r for key in ("passed", "failed", "error", "skipped") for r in terminalreporter.stats.get(key, [])]
     table = faultmatrix.render(faultmatrix.collect(reports))

@@ -29,11 +29,16 @@ def expected(steps: int, mib: int) -> str:
     return "\n".join([*lines, f"done {steps * (mib << 17)}"]) + "\n"
 
 
-def writers() -> list[psutil.Process]:
-    """The shims' page writers still running (not the exited ones not yet reaped)."""
+def writers(c: Ckptd) -> list[psutil.Process]:
+    """This installation's page writers still running (not the exited ones not yet reaped).
+
+    Only this test's: the suite runs tests side by side, and another test's writer is not ours to kill.
+    """
     out = []
-    for p in psutil.process_iter(["name", "status"]):
-        if p.info["name"] == "ckptd-writer" and p.info["status"] != psutil.STATUS_ZOMBIE:
+    for p in psutil.process_iter(["name", "status", "environ"]):
+        env = p.info["environ"] or {}
+        ours = str(c.home) in (env.get("CKPTD_HOME", ""), env.get("CKPTD_SHIM_SOCKET", ""))
+        if p.info["name"] == "ckptd-writer" and p.info["status"] != psutil.STATUS_ZOMBIE and ours:
             out.append(p)
     return out
 
@@ -54,7 +59,7 @@ def test_image_is_one_instant_while_the_job_rewrites_its_memory(ckptd: Ckptd, ca
     c.wait_log("snap", r"^step 30 ")
     second = c.checkpoint("snap")
     assert second["parent"] == first["name"]  # an incremental one on a copy-on-write snapshot too
-    assert not writers()  # reaped once its pages were written
+    assert not writers(c)  # reaped once its pages were written
     c.kill9("snap")
     c.ctl("restart", "snap")
     assert c.wait("snap") == 0
@@ -83,7 +88,7 @@ def test_writer_killed_mid_write_costs_only_that_checkpoint(ckptd: Ckptd) -> Non
         )
         deadline = time.monotonic() + 60
         while p.poll() is None and time.monotonic() < deadline:
-            for w in writers():
+            for w in writers(c):
                 with contextlib.suppress(psutil.NoSuchProcess):  # it may end meanwhile
                     w.send_signal(signal.SIGKILL)
             time.sleep(0.002)
@@ -101,7 +106,7 @@ def test_writer_killed_mid_write_costs_only_that_checkpoint(ckptd: Ckptd) -> Non
     assert [i["id"] for i in c.ctl_json("list", "wk")] == committed  # nothing half-written listed
     job_dir = c.home / "checkpoints" / "wk"
     assert not [n for n in os.listdir(job_dir) if ".tmp-" in n]
-    assert not writers()
+    assert not writers(c)
     c.kill9("wk")
     c.ctl("restart", "wk", "--from", str(first["id"]))
     assert c.wait("wk") == 0

@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 from conftest import CKPTD, PYTHON, WORKLOADS, Ckptd
 
+pytestmark = pytest.mark.serial  # it makes memory cgroups and fills most of a gigabyte
+
 JOB_MIB = 300
 V1 = Path("/sys/fs/cgroup/memory")
 

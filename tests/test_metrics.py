@@ -23,6 +23,8 @@ from pathlib import Path
 import pytest
 from conftest import CKPTD, Ckptd, compile_workload
 
+pytestmark = pytest.mark.serial  # it installs the prometheus package
+
 
 @pytest.fixture(scope="module")
 def ctimer_bin(tmp_path_factory: pytest.TempPathFactory) -> str:

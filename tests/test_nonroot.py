@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from conftest import PYTHON, WORKLOADS, Ckptd, ckptd_at, run_plain
 
+pytestmark = pytest.mark.serial  # it opens /root and the pytest base directory to another user
+
 NOBODY = (65534, 65534)
 
 

@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 from conftest import BIN, PYTHON, WORKLOADS, ckptd_at, run_plain
 
+pytestmark = pytest.mark.serial  # it installs packages and runs the machine's munged, slurmctld and slurmd
+
 EXAMPLES = Path(__file__).parent.parent / "examples" / "slurm"
 DAEMONS = ("munged", "slurmctld", "slurmd")
 
