@@ -114,7 +114,7 @@ def test_a_process_killed_during_its_dump_is_left_out_of_the_next_attempt(ckptd:
         assert time.monotonic() < deadline and attempt.poll() is None, attempt.communicate()
         time.sleep(0.002)
     os.kill(victim, signal.SIGKILL)
-    out, err = attempt.communicate(timeout=120)
+    _, err = attempt.communicate(timeout=120)
     assert attempt.returncode == 0, err
     m = manifest(c, "kc")
     assert m["attempts"] >= 2, m
