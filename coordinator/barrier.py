@@ -117,7 +117,7 @@ class CheckpointRound:
                         raise CkptdError(
                             e.code,
                             f"{e.message} (the checkpoint was tried {attempt} times in "
-                            f"{time.monotonic() - start:.0f} s; the job runs on; try again later)",
+                            f"{time.monotonic() - start:.0f} s and the job runs on; a longer --timeout waits longer)",
                         ) from None
                     log.info("job %s: round aborted on a passing state, trying again: %s", record.name, e.message)
                     self.set_operation(f"checkpoint: trying again ({e.message})")
