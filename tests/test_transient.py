@@ -19,6 +19,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import faultmatrix
 import pytest
 from conftest import CKPTCTL, PYTHON, WORKLOADS, Ckptd, compile_workload, kill_restart_finish, run_plain
 from test_bad_input import assert_refused
@@ -84,6 +85,9 @@ def test_tcp_listener_backlog_is_waited_for(ckptd: Ckptd, exe: str, tmp_path: Pa
     kill_restart_finish(c, "tb", plain)
 
 
+@faultmatrix.cell(
+    "SIGKILL a job process", "dump", "the round is tried again without it: one success, the restart identical"
+)
 def test_a_process_killed_during_its_dump_is_left_out_of_the_next_attempt(ckptd: Ckptd) -> None:
     """A child killed while the round writes its image (during the pause:
     CKPTD_CAPTURE=sync) fails that attempt, not the checkpoint: the next
