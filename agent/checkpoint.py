@@ -247,7 +247,9 @@ class Checkpointer:
                     parked.append(conn)
                     threads += reply.int("threads")
             raise CkptdError(
-                Code.ABORTED, f"job {job.name} keeps creating processes faster than they can be paused; retry"
+                Code.ABORTED,
+                f"job {job.name} keeps creating processes faster than they can be paused",
+                transient=True,
             )
         except CkptdError:
             self._release(parked, "ABORT")
@@ -357,7 +359,13 @@ class Checkpointer:
         try:
             reply = conn.request("SETTLE", timeout=SETTLE_MS / 1000 + 10, timeout_ms=SETTLE_MS)
         except ShimError as e:
-            raise CkptdError(Code.ABORTED, f"pid {conn.pid} in the job ({conn.exe}): {e.message}") from None
+            # a process that exited meanwhile is left out of the next round
+            transient = e.transient or conn.gone()
+            raise CkptdError(
+                Code.ABORTED if transient else e.code,
+                f"pid {conn.pid} in the job ({conn.exe}): {e.message}",
+                transient=transient,
+            ) from None
         if reply.int("stuck"):
             log.info("pid %d: %d TCP socket(s) keep unsent bytes (a full window)", conn.pid, reply.int("stuck"))
 
@@ -394,8 +402,8 @@ class Checkpointer:
             )
         except ShimError as e:
             what = f"pid {conn.pid} in the job ({conn.exe}): {e.message}"
-            if e.code is Code.ABORTED:  # a passing state: the coordinator tries again
-                raise CkptdError(Code.ABORTED, f"cannot checkpoint now: {what}") from None
+            if e.transient or conn.gone():  # a passing state, or it exited: the coordinator tries again
+                raise CkptdError(Code.ABORTED, f"cannot checkpoint now: {what}", transient=True) from None
             raise _storage_error(what, directory) from None
         return pb.ProcessDump(
             pid=conn.pid,
@@ -568,10 +576,12 @@ class Checkpointer:
                 raise _storage_error(what + failure, str(d))
             if failure:
                 raise CkptdError(Code.ABORTED, what + failure + "; the checkpoint is discarded")
+            # it exited (or was killed) between its dump and now: the next round leaves it out
             raise CkptdError(
                 Code.ABORTED,
                 what + "its memory image was not finished (the process or its writer was killed); "
                 "the checkpoint is discarded",
+                transient=True,
             )
 
         operation = "checkpoint: writing memory images"

@@ -165,6 +165,7 @@ class LazyFill:
                 Code.ABORTED,
                 f"job {job} is still filling its memory after a lazy restart ({time.monotonic() - self.started:.0f} s "
                 "so far); the checkpoint is retried",
+                transient=True,
             )
         if self.failure:
             raise CkptdError(Code.FAILED_PRECONDITION, self.failure)

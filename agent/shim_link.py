@@ -14,7 +14,8 @@ says HELLO; the connection then carries request/reply lines:
     DISCARD               ->  DISCARDED              kill the writer (a round aborted after RESUME)
     REBASE core= image=   ->  REBASED                take the runs of a deduplicated image
     PING                  ->  PONG
-    any of them           ->  ERROR [retry=1] msg=TEXT   (retry: a passing state, try again)
+    any of them           ->  ERROR [retry=1] msg=TEXT   (retry: a passing state, try again:
+                                                    ShimError.transient)
 
 Fields are tab-separated key=value pairs; values are percent-encoded.  The
 peer's host pid comes from SO_PEERCRED, so it is right across pid namespaces.
@@ -209,11 +210,13 @@ class ShimConnection:
                     f"process {self.host_pid} did not answer {command} within {timeout:.0f} s",
                 ) from None
             if reply is None:
-                raise ShimError(Code.FAILED_PRECONDITION, f"process {self.host_pid} exited during {command}")
+                # a process that exits during a round: the next round leaves it out
+                raise ShimError(Code.ABORTED, f"process {self.host_pid} exited during {command}", transient=True)
             if reply.command == "ERROR":
-                # ABORTED: the coordinator runs the round again a moment later
-                code = Code.ABORTED if reply.fields.get("retry") == "1" else Code.FAILED_PRECONDITION
-                raise ShimError(code, reply.fields.get("msg", "unknown error"))
+                # retry=1, a passing state: the coordinator runs the round again a moment later
+                if reply.fields.get("retry") == "1":
+                    raise ShimError(Code.ABORTED, reply.fields.get("msg", "unknown error"), transient=True)
+                raise ShimError(Code.FAILED_PRECONDITION, reply.fields.get("msg", "unknown error"))
             return reply
 
     def gone(self) -> bool:

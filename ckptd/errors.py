@@ -54,13 +54,26 @@ EXIT_CODES: dict[Code, int] = {
 }
 
 
-class CkptdError(Exception):
-    """A failure with a status code and a one-line message for the user."""
+# trailers of a gRPC status that ckptd's servers set (ckptd/rpc.py)
+ANSWERED = "ckptd-answered"  # ckptd's own answer, not the transport's
+TRANSIENT = "ckptd-transient"  # CkptdError.transient
 
-    def __init__(self, code: Code, message: str) -> None:
+
+class CkptdError(Exception):
+    """A failure with a status code and a one-line message for the user.
+
+    transient: a passing state refused it (a connection not yet accepted, a
+    process exiting, descriptors in flight): the same request moments later
+    may succeed.  It travels with the error from the shim (ERROR retry=1)
+    through the agent to the coordinator (TRANSIENT, a trailer of the gRPC
+    status), which aborts the checkpoint round and runs it again; nothing
+    else decides by the message or the code."""
+
+    def __init__(self, code: Code, message: str, *, transient: bool = False) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.transient = transient
 
     @property
     def exit_code(self) -> int:
@@ -76,7 +89,9 @@ class CkptdError(Exception):
         status = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
         details = err.details() if hasattr(err, "details") else str(err)
         code = Code.__members__.get(status.name, Code.INTERNAL)
-        answered = any(k == "ckptd-answered" for k, _ in (_trailers(err) or ()))
+        trailers = _trailers(err) or ()
+        answered = any(k == ANSWERED for k, _ in trailers)
+        transient = any(k == TRANSIENT and v == "1" for k, v in trailers)
         if status == grpc.StatusCode.UNAVAILABLE and what and not answered:
             if "handshake" in details.lower():
                 # mutual TLS refused: the certificates are not from one CA, or a name does not match
@@ -89,7 +104,7 @@ class CkptdError(Exception):
                 # a TLS server drops a client whose certificate it does not trust, without a word
                 details += "; or it refused this client's certificate (CKPTD_TLS_DIR): is it from the cluster's CA?"
             details = f"{what} is unreachable ({details})"
-        return cls(code, details or str(status))
+        return cls(code, details or str(status), transient=transient)
 
 
 def _trailers(err: grpc.RpcError) -> tuple[tuple[str, str], ...] | None:

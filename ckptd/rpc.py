@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from ckptd.errors import CkptdError, Code
+from ckptd.errors import ANSWERED, TRANSIENT, CkptdError, Code
 from ckptd.tls import TlsFiles, default_dir
 from ckptd.v1 import ckptd_pb2_grpc as pb_grpc
 
@@ -93,14 +93,12 @@ def reachable(address: str, timeout: float = 1.0) -> bool:
         ch.close()
 
 
-ANSWERED = "ckptd-answered"
-
-
 def _abort(context: grpc.ServicerContext, name: str, exc: BaseException) -> None:
     if isinstance(exc, CkptdError):
         # marked as ckptd's own answer: an UNAVAILABLE from here is about a
         # node behind the service, not the service itself
-        context.set_trailing_metadata(((ANSWERED, "1"),))
+        # (and whether it is transient: a caller may try again)
+        context.set_trailing_metadata(((ANSWERED, "1"), (TRANSIENT, "1" if exc.transient else "0")))
         context.abort(exc.code.status, exc.message)
     log.exception("%s failed", name)
     context.abort(Code.INTERNAL.status, f"internal error in {name}: {exc!r} (see the daemon log)")

@@ -22,7 +22,12 @@ all targets in parallel and completes on all before the next one starts:
 
 Abort at any step, on any rank's failure or timeout: Agent.Abort on every
 rank (release parked threads), remove the temporary directory.  The last
-committed checkpoint is never touched.  A coordinator that dies mid-round
+committed checkpoint is never touched.  A failure marked transient (a
+passing state: CkptdError.transient, from the shim's ERROR retry=1 or a
+process that exited meanwhile) runs the whole round again after a short
+backoff, within the checkpoint's own timeout; the manifest records how many
+attempts it took, and a round that never succeeds says how many it made
+and the last cause.  A coordinator that dies mid-round
 leaves only a temporary directory, which the next one removes; its agents
 notice its absence (or its new instance id) and release their parked ranks.
 """
@@ -57,11 +62,12 @@ log = logging.getLogger(__name__)
 PROTOCOL_VERSION = 2
 DEFAULT_QUIESCE_TIMEOUT_S = 10.0
 LONG_RPC_S = 6 * 3600.0
-# a round that failed on a passing state (descriptors in flight between two
-# processes, a connection not yet accepted, a process that forks faster than
-# it can be parked) is aborted, the job runs on for a moment, and the round
-# starts again: after these delays, then once a second, for as long as the
-# checkpoint's quiesce timeout (at least RETRY_FOR_S) allows
+# a round that failed on a passing state (CkptdError.transient: descriptors
+# in flight between two processes, a connection not yet accepted, a process
+# that exits or forks faster than it can be parked) is aborted, the job runs
+# on for a moment, and the round starts again: after these delays, then once
+# a second, for as long as the checkpoint's quiesce timeout (at least
+# RETRY_FOR_S) allows.  Any other failure is final at once
 RETRY_DELAYS_S = (0.2, 0.5, 1.0)
 RETRY_FOR_S = 10.0
 # an incremental checkpoint builds on the newest committed one; a full one
@@ -96,18 +102,23 @@ class CheckpointRound:
                 f"a checkpoint or restart of job {record.name} is already in progress; retry when it is done",
             )
         try:
-            until = time.monotonic() + max(self.timeout_s, RETRY_FOR_S)
+            start = time.monotonic()
+            until = start + max(self.timeout_s, RETRY_FOR_S)
             attempt = 0
             while True:
                 attempt += 1
                 try:
-                    return self._run()
+                    return self._run(attempt)
                 except CkptdError as e:
-                    if e.code is not Code.ABORTED:
+                    if not e.transient:
                         raise
                     delay = RETRY_DELAYS_S[min(attempt, len(RETRY_DELAYS_S)) - 1]
                     if time.monotonic() + delay > until:
-                        raise CkptdError(e.code, f"{e.message} (tried {attempt} times)") from None
+                        raise CkptdError(
+                            e.code,
+                            f"{e.message} (the checkpoint was tried {attempt} times in "
+                            f"{time.monotonic() - start:.0f} s and the job runs on; a longer --timeout waits longer)",
+                        ) from None
                     log.info("job %s: round aborted on a passing state, trying again: %s", record.name, e.message)
                     self.set_operation(f"checkpoint: trying again ({e.message})")
                     time.sleep(delay)
@@ -127,7 +138,7 @@ class CheckpointRound:
                 return call(getattr(stubs[t], method), make(t), timeout, f"agent on {t.node}")
             except CkptdError as e:
                 prefix = f"{t.label}: " if self.record.ranks else ""
-                raise CkptdError(e.code, prefix + e.message) from None
+                raise CkptdError(e.code, prefix + e.message, transient=e.transient) from None
 
         targets = list(stubs)
         with ThreadPoolExecutor(max_workers=min(len(targets), 16)) as pool:
@@ -137,7 +148,7 @@ class CheckpointRound:
                 raise f.exception()  # type: ignore[misc]
         return {t: f.result() for t, f in futures.items()}
 
-    def _run(self) -> pb.CheckpointInfo:
+    def _run(self, attempt: int = 1) -> pb.CheckpointInfo:
         record, job = self.record, self.record.name
         targets = record.targets()
         stubs = {t: self.nodes.live_stub(t.node, job) for t in targets}
@@ -232,7 +243,14 @@ class CheckpointRound:
             timings["total_s"] = time.monotonic() - t0
             rank_parts = {t: RankPart.from_json(json.loads(p.manifest_part_json)) for t, p in parts.items()}
             manifest = self._manifest(
-                ckpt_id=ckpt_id, targets=targets, prep=prep, dumps=dumps, parts=rank_parts, dirs=dirs, timings=timings
+                ckpt_id=ckpt_id,
+                targets=targets,
+                prep=prep,
+                dumps=dumps,
+                parts=rank_parts,
+                dirs=dirs,
+                timings=timings,
+                attempts=attempt,
             )
             # deduplicated images name this checkpoint's own rank 0: not a dependency
             depends = sorted({d for p in rank_parts.values() for d in p.depends_on} - {name})
@@ -287,6 +305,7 @@ class CheckpointRound:
         parts: dict[Target, RankPart],
         dirs: dict[Target, Path],
         timings: dict[str, float],
+        attempts: int,
     ) -> Manifest:
         record = self.record
 
@@ -310,6 +329,7 @@ class CheckpointRound:
                 threads=prep[t].threads,
                 output={"log_bytes": dump.log_bytes, "index_bytes": dump.index_bytes},
                 part=parts[t],
+                attempts=attempts,
             )
 
         if not record.ranks:
@@ -324,6 +344,7 @@ class CheckpointRound:
             protocol=PROTOCOL_VERSION,
             timings=timings,
             sizes=Sizes(),
+            attempts=attempts,
         )
         for t in targets:
             assert t.rank is not None

@@ -206,6 +206,48 @@ def test_unix_listener_and_datagrams(tmp_path: Path) -> None:
     ]
 
 
+def _backlog(img: Image, ino: int, pending: list[int]) -> bytes:
+    """A Unix listener at fd 3 whose backlog holds connections from these client inodes."""
+    name = b"/tmp/srv.sock"
+    name_off, name_len = img.data(name)
+    img.fd(3, "CK_FD_UNIX", ino=ino, sock_type=1, sock_state=constant("CK_SOCK_LISTEN"), backlog=4,
+           name_off=name_off, name_len=name_len, nqueued=len(pending),
+           queued=b"".join(i.to_bytes(4, "little") for i in pending))  # fmt: skip
+    return name
+
+
+def test_unix_listener_backlog_connected_again_in_order(tmp_path: Path) -> None:
+    """The client ends of a listener's pending connections (connected, no
+    peer inode: the server end is in no process) connect to the rebuilt
+    listener after it listens, in accept order; one shut for writing is shut again."""
+    server, client = Image(2), Image(3, ppid=2, pgid=2, sid=2)
+    name = _backlog(server, 60, [62, 61])
+    connected = constant("CK_SOCK_CONNECTED")
+    client.fd(4, "CK_FD_UNIX", ino=61, sock_type=1, sock_state=connected)
+    own_off, own_len = client.data(b"/tmp/cl.sock")
+    client.fd(5, "CK_FD_UNIX", ino=62, sock_type=1, sock_state=connected, shutdown=2,
+              name_off=own_off, name_len=own_len)  # fmt: skip
+    lines = body(plan_lines(images(tmp_path, server, client)))
+    assert lines == [
+        "socket 0 60 1",
+        "socket 1 62 1",
+        "socket 2 61 1",
+        f"bind 0 {hx(name)}",
+        "listen 0 4",
+        f"bind 1 {hx(b'/tmp/cl.sock')}",
+        f"connect 1 {hx(name)}",
+        f"connect 2 {hx(name)}",
+        "shutdown 1 1",
+    ], lines
+
+
+def test_unix_listener_backlog_from_outside_is_refused(tmp_path: Path) -> None:
+    img = Image(2)
+    _backlog(img, 60, [61])
+    with pytest.raises(PlanError, match=r"^pid 2 \(prog\) fd 3: Unix socket has a connection not yet accepted from a "):
+        build_plan(images(tmp_path, img), [], {})
+
+
 def test_unix_socket_to_outside_is_refused(tmp_path: Path) -> None:
     img = Image(2)
     img.fd(7, "CK_FD_UNIX", ino=40, peer_ino=41, sock_type=1, sock_state=constant("CK_SOCK_CONNECTED"))

@@ -438,6 +438,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         "node": manifest.get("node"),
         "timings": manifest.get("timings"),
         "sizes": manifest.get("sizes"),
+        "attempts": manifest.get("attempts", 1),
         "verified": bool(args.verify),
         "authenticity": authenticity,
         "processes": procs,

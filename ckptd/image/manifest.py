@@ -174,6 +174,9 @@ class Manifest:
     processes: list[ProcessRecord] = field(default_factory=list)
     files: list[dict[str, Any]] = field(default_factory=list)
     chain: Chain | None = None
+    # rounds the checkpoint took: the ones before it were aborted on a passing
+    # state and run again (coordinator/barrier.py)
+    attempts: int = 1
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -184,6 +187,7 @@ class Manifest:
             "protocol": self.protocol,
             "timings": {k: round(v, 6) for k, v in self.timings.items()},
             "sizes": asdict(self.sizes),
+            "attempts": self.attempts,
         }
         if self.part is not None:
             part = self.part.to_json()

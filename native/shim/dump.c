@@ -30,7 +30,14 @@ int ck_image_fail(struct ck_image *im, const char *what, const char *detail, lon
     struct ck_buf b;
     ck_buf_init(&b, im->err, im->errcap);
     ck_buf_error(&b, what, detail, rc);
+    im->retry = 0;  /* the failure reported is the last one: its kind decides */
     return -1;
+}
+
+int ck_image_passing(struct ck_image *im, int rc)
+{
+    im->retry = 1;
+    return rc;
 }
 
 int ck_image_is_own_fd(struct ck_image *im, int fd)

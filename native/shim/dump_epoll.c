@@ -131,9 +131,9 @@ int ck_dump_epoll_holders(struct ck_image *im)
                 struct pollfd pf = {.fd = t->holder, .events = POLLIN | POLLOUT | POLLPRI | POLLRDHUP};
                 struct timespec zero = {0, 0};
                 if (ck_sc5(SYS_ppoll, &pf, 1, &zero, 0, 8) != 1) {
-                    im->retry = 1;
-                    return refuse(im, ep, t, " that EPOLLONESHOT disabled while its file is not ready: ckptd can "
-                                             "only restore it while the file is ready; retry the checkpoint");
+                    return ck_image_passing(im, refuse(im, ep, t, " that EPOLLONESHOT disabled while its file is "
+                                                                  "not ready: ckptd can only restore it while the "
+                                                                  "file is ready"));
                 }
             }
         }

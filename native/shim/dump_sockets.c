@@ -6,7 +6,8 @@
  * queued for reading are copied without consuming them: MSG_PEEK walking
  * forward with SO_PEEK_OFF.  Datagram and seqpacket queues keep their
  * message boundaries (each record is a uint32 length, then the bytes).
- * Descriptors in flight (SCM_RIGHTS not yet received) refuse the checkpoint.
+ * Descriptors in flight (SCM_RIGHTS not yet received) refuse the checkpoint
+ * (a passing state: retried).  A listener's backlog: save_backlog.
  *
  * TCP sockets are described in dump_tcp.c.
  *
@@ -34,11 +35,16 @@
 #define TCP_ESTABLISHED_ 1
 #define TCP_LISTEN_ 10
 
+#define MAX_ICONS 1024          /* connections in one listener's backlog we save */
+
 struct diag_info {
     uint32_t state;
     uint32_t peer;
     uint32_t icons;       /* connections waiting in accept() */
+    uint32_t icon[MAX_ICONS]; /* their client ends' inodes, in accept order (0: closed) */
     uint32_t backlog;
+    uint32_t rqueue;      /* bytes to read (a listener: connections waiting) */
+    uint32_t wqueue;      /* bytes sent and not yet read by the peer */
     uint32_t shutdown;
     uint32_t name_len;
     char name[sizeof(((struct sockaddr_un *)0)->sun_path)];
@@ -104,11 +110,14 @@ static int query(int nl, uint32_t ino, struct diag_info *out)
             break;
         case UNIX_DIAG_ICONS:
             out->icons = len / 4;
+            ck_memcpy(out->icon, val, (out->icons < MAX_ICONS ? out->icons : MAX_ICONS) * 4);
             break;
         case UNIX_DIAG_RQLEN: {
             struct unix_diag_rqlen q;
             ck_memcpy(&q, val, sizeof(q));
-            out->backlog = q.udiag_wqueue;
+            out->backlog = q.udiag_wqueue;  /* a listener's: its max backlog */
+            out->rqueue = q.udiag_rqueue;
+            out->wqueue = q.udiag_wqueue;
             break;
         }
         case UNIX_DIAG_SHUTDOWN:
@@ -171,9 +180,9 @@ int ck_peek_queue(struct ck_image *im, struct ck_fd *f, int fd)
             }
         }
         if (fds_in_flight) {
-            im->retry = 1; /* the receiver takes them as soon as it runs again */
-            result = ck_image_fail(im, "a Unix socket has file descriptors in flight (SCM_RIGHTS sent, not yet "
-                                       "received); retry the checkpoint", 0, 0);
+            /* the receiver takes them as soon as it runs again */
+            result = ck_image_passing(im, ck_image_fail(im, "a Unix socket has file descriptors in flight (SCM_RIGHTS "
+                                                            "sent, not yet received)", 0, 0));
             break;
         }
         if (msg.msg_flags & MSG_TRUNC) {
@@ -199,6 +208,47 @@ int ck_peek_queue(struct ck_image *im, struct ck_fd *f, int fd)
     }
     ck_setsockopt(fd, SOL_SOCKET, SO_PEEK_OFF, &old_off, sizeof(old_off));
     return result;
+}
+
+/*
+ * A listener's backlog: connections made and not yet accepted.  The
+ * server's end of each exists in no process (accept() would make it one),
+ * so nothing can be read from it; what makes it again is its client end,
+ * whose inode unix_diag lists for each (UNIX_DIAG_ICONS, in accept order).
+ * When every client end is in the job, still open and has sent nothing the
+ * server has not read (its send queue, charged to it until read, is empty),
+ * the restore plan connects each again to the rebuilt listener in that
+ * order (ckptd/image/plan/unix.py), and accept() returns them as before.
+ * The inodes go into the listener's data (nqueued of them).  Otherwise the
+ * server is about to accept them: a passing state, the round is retried.
+ * Whether each client end is in the job only the plan knows.
+ */
+static int save_backlog(struct ck_image *im, struct ck_fd *f, int nl, const struct diag_info *di, const char *target)
+{
+    static struct diag_info client;
+    if (di->icons > MAX_ICONS)
+        return ck_image_passing(im, ck_image_fail(im, "a listening Unix socket has more than 1024 connections not "
+                                                      "yet accepted", target, 0));
+    uint32_t icons = di->icons;
+    const uint32_t *icon = di->icon;
+    for (uint32_t i = 0; i < icons; i++) {
+        const char *why = 0;
+        if (!icon[i])
+            why = "a listening Unix socket has a connection not yet accepted whose client has closed it";
+        else if (query(nl, icon[i], &client) < 0)
+            why = "a listening Unix socket has a connection not yet accepted whose client cannot be described";
+        else if (client.wqueue)
+            why = "a listening Unix socket has a connection not yet accepted that holds data";
+        if (why)
+            return ck_image_passing(im, ck_image_fail(im, why, target, 0));
+    }
+    f->flags |= CK_FDF_DATA_SAVED;
+    f->data_off = im->blob.count;
+    f->data_len = icons * sizeof(uint32_t);
+    f->nqueued = icons;
+    if (ck_table_bytes_append(&im->blob, icon, f->data_len) == UINT64_MAX)
+        return ck_image_fail(im, "too much socket data", 0, 0);
+    return 0;
 }
 
 static const char *family_name(int family)
@@ -234,7 +284,7 @@ int ck_dump_socket(struct ck_image *im, struct ck_fd *f, int nl, const char *tar
         return ck_image_fail(im, "cannot read a socket's type", target, rc);
     if (type != SOCK_STREAM && type != SOCK_DGRAM && type != SOCK_SEQPACKET)
         return ck_fail_fd(im, fd, "Unix socket of an unknown type", target);
-    struct diag_info di;
+    static struct diag_info di;  /* 4 KiB: off the checkpoint thread's stack */
     rc = nl >= 0 ? query(nl, (uint32_t)f->ino, &di) : nl;
     if (rc < 0)
         return ck_image_fail(im, "cannot describe a Unix socket (NETLINK_SOCK_DIAG)", target, rc);
@@ -253,10 +303,7 @@ int ck_dump_socket(struct ck_image *im, struct ck_fd *f, int nl, const char *tar
     if (di.state == TCP_LISTEN_) {
         f->sock_state = CK_SOCK_LISTEN;
         f->backlog = di.backlog;
-        if (di.icons)
-            return ck_image_fail(im, "a listening Unix socket has connections not yet accepted; retry the checkpoint",
-                                 target, 0);
-        return 0;
+        return di.icons ? save_backlog(im, f, nl, &di, target) : 0;
     }
     f->sock_state = di.state == TCP_ESTABLISHED_ ? CK_SOCK_CONNECTED : CK_SOCK_UNCONNECTED;
     if (f->sock_state == CK_SOCK_UNCONNECTED && f->sock_type == SOCK_STREAM)

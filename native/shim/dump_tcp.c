@@ -131,14 +131,14 @@ static int save_unsent(struct ck_image *im, struct ck_fd *f, int fd)
         return 0;
     int queued = ioctl_int(fd, SIOCOUTQ);
     if (queued < unsent || (uint32_t)queued > MAX_SNDQ)
-        return ck_fail_fd(im, f->fd, "TCP socket with an unreadable send queue; retry the checkpoint", 0);
+        return ck_image_passing(im, ck_fail_fd(im, f->fd, "TCP socket with an unreadable send queue", 0));
     int on = 1, reuse = opt_on(fd, SOL_SOCKET, SO_REUSEADDR);
     long rc = ck_setsockopt(fd, SOL_TCP, TCP_REPAIR, &on, sizeof(on));
     if (rc < 0)
-        return ck_fail_fd(im, f->fd,
-                          "TCP socket whose peer is not reading (its unsent bytes can only be saved with "
-                          "CAP_NET_ADMIN); retry the checkpoint",
-                          0);
+        return ck_image_passing(im, ck_fail_fd(im, f->fd,
+                                               "TCP socket whose peer is not reading (its unsent bytes can only be "
+                                               "saved with CAP_NET_ADMIN)",
+                                               0));
     char *buf = ck_arena_alloc((size_t)queued);
     int q = TCP_SEND_QUEUE;
     long n = -ENOMEM;
@@ -227,7 +227,7 @@ static int save_repair(struct ck_image *im, struct ck_fd *f, int fd, const struc
         if (rcv1 == rcv2)
             break;
         if (tries == 50) {
-            ck_fail_fd(im, fd, "TCP connection that keeps receiving while parked; retry the checkpoint", 0);
+            ck_image_passing(im, ck_fail_fd(im, fd, "TCP connection that keeps receiving while parked", 0));
             goto out;
         }
     }
@@ -285,8 +285,8 @@ int ck_dump_tcp(struct ck_image *im, struct ck_fd *f, int family, const char *ta
         f->sock_state = CK_SOCK_LISTEN;
         f->backlog = ti.tcpi_sacked;  /* for a listener: the backlog it asked for */
         if (ti.tcpi_unacked)          /* and this: connections not yet accepted */
-            return ck_fail_fd(im, fd, "listening TCP socket with connections not yet accepted; retry the checkpoint",
-                              target);
+            return ck_image_passing(im, ck_fail_fd(im, fd, "listening TCP socket with connections not yet accepted",
+                                                   target));
         return 0;
     case TCP_CLOSE:
         f->sock_state = CK_SOCK_UNCONNECTED;  /* made (and maybe bound), never connected */
@@ -299,8 +299,14 @@ int ck_dump_tcp(struct ck_image *im, struct ck_fd *f, int family, const char *ta
         ck_buf_init(&b, why, sizeof(why));
         ck_buf_str(&b, "TCP connection that is ");
         ck_buf_str(&b, ti.tcpi_state < sizeof(state_names) / sizeof(state_names[0]) ? state_names[ti.tcpi_state] : "?");
-        ck_buf_str(&b, "; retry the checkpoint");
-        return ck_fail_fd(im, fd, why, target);
+        /* a handshake or a close under way ends by itself; a half-closed
+         * connection (FIN wait 2, close wait) lasts as long as the program
+         * keeps it: waiting cannot fix that */
+        if (ti.tcpi_state == TCP_FIN_WAIT2 || ti.tcpi_state == TCP_CLOSE_WAIT) {
+            ck_buf_str(&b, ", which ckptd cannot restore");
+            return ck_fail_fd(im, fd, why, target);
+        }
+        return ck_image_passing(im, ck_fail_fd(im, fd, why, target));
     }
     }
     f->sock_state = CK_SOCK_CONNECTED;

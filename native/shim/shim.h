@@ -134,12 +134,16 @@ struct ck_image {
     size_t auxv_len;
     char *err;
     size_t errcap;
-    int retry; /* the failure is a passing state: worth another round */
+    int retry; /* the failure recorded last is a passing state: worth another round (ck_image_passing) */
 };
 uint32_t ck_image_string(struct ck_image *im, const char *s) CK_HIDDEN;
 /* quiesce.c: a registration the program made itself with syscall(SYS_rseq) */
 void ck_rseq_registered(long area, uint32_t len, int flags, uint32_t sig) CK_HIDDEN;
 int ck_image_fail(struct ck_image *im, const char *what, const char *detail, long rc) CK_HIDDEN;
+/* the failure just recorded is a passing state (a connection not yet accepted,
+ * descriptors in flight): the shim says ERROR retry=1 and the coordinator runs
+ * the round again (coordinator/barrier.py).  Returns rc. */
+int ck_image_passing(struct ck_image *im, int rc) CK_HIDDEN;
 int ck_image_is_own_fd(struct ck_image *im, int fd) CK_HIDDEN;
 void ck_image_add_own_fd(struct ck_image *im, int fd) CK_HIDDEN;
 

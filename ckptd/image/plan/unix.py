@@ -1,10 +1,13 @@
 """Unix sockets: each made once (native/restorer/plan_unix.c): a pair whose
 two ends are both in the job is one socketpair; a listener binds its old
-address; the bytes and datagrams in flight are sent again; a socket
-connected to a process outside the job is refused."""
+address, and the connections in its backlog (made, not yet accepted) are
+made again by connecting their client ends to it, in accept order; the
+bytes and datagrams in flight are sent again; a socket connected to a
+process outside the job is refused."""
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +30,9 @@ class _Socket:
     data: Data | None
     holders: list[tuple[ProcessImage, int]] = field(default_factory=list)
     options: Options | None = None
+    # a listener's backlog: the inodes of its connections' client ends, in
+    # accept order (native/shim/dump_sockets.c save_backlog)
+    pending: list[int] = field(default_factory=list)
 
 
 class UnixSockets(Kind):
@@ -54,13 +60,19 @@ class UnixSockets(Kind):
             )
             self.sockets[ino] = s
         data = data_of(p, fd)
-        if s.data is None and data is not None and data.length:
+        if s.state == constant("CK_SOCK_LISTEN"):
+            if data is not None and not s.pending:
+                raw = p.core.blob_bytes(int(fd.data_off), int(fd.data_len))
+                s.pending = list(struct.unpack(f"<{len(raw) // 4}I", raw[: len(raw) // 4 * 4]))
+        elif s.data is None and data is not None and data.length:
             s.data = data
         s.holders.append((p, int(fd.fd)))
 
     def plan(self, st: Steps) -> None:
         done: set[int] = set()
-        for s in self.sockets.values():
+        listen = constant("CK_SOCK_LISTEN")
+        # listeners first: the client ends of their backlogs are made with them
+        for s in sorted(self.sockets.values(), key=lambda s: s.state != listen):
             if s.ino in done:
                 continue
             self._plan_socket(s, done, st)
@@ -82,6 +94,27 @@ class UnixSockets(Kind):
         op = "write" if s.type == SOCK_STREAM else "messages"
         data.append(f"{op} {via} {s.data.args()}")
 
+    def _plan_pending(self, listener: _Socket, ino: int, done: set[int], st: Steps) -> None:
+        """A connection in listener's backlog: its client end connects to the
+        rebuilt listener (the connects run in order: accept order is kept)."""
+        client = self.sockets.get(ino)
+        if client is None or ino in done:
+            return self._refuse_socket(
+                listener, f"has a connection not yet accepted from a process outside the job (inode {ino})"
+            )
+        done.add(ino)
+        if client.data:  # the server cannot have sent anything yet
+            return self._refuse_socket(client, "has queued data from a connection not yet accepted")
+        slot = self.planner.slots.of("unix", ino)
+        st.create.append(f"socket {slot} {ino} {client.type}")
+        if client.name:
+            st.bind.append(f"bind {slot} {hex_arg(client.name)}")
+        st.connect.append(f"connect {slot} {hex_arg(listener.name)}")
+        how = {1: SHUT_RD, 2: SHUT_WR, 3: SHUT_RDWR}.get(client.shutdown & 3)
+        if how is not None:
+            st.finish.append(f"shutdown {slot} {how}")
+        return None
+
     def _plan_socket(self, s: _Socket, done: set[int], st: Steps) -> None:
         done.add(s.ino)
         slots = self.planner.slots
@@ -95,6 +128,8 @@ class UnixSockets(Kind):
                 return self._refuse_socket(s, "listens without an address")
             st.bind.append(f"bind {slot} {hex_arg(s.name)}")
             st.bind.append(f"listen {slot} {max(s.backlog, 1)}")
+            for ino in s.pending:
+                self._plan_pending(s, ino, done, st)
             return None
         if peer is not None and peer.peer == s.ino:
             # both ends in the job: one socketpair

@@ -238,7 +238,9 @@ struct ck_fd {
     uint32_t shutdown;          /* 1 receive side shut, 2 send side shut */
     uint32_t backlog;           /* CK_SOCK_LISTEN */
     uint32_t nqueued;           /* messages in data: dgram/seqpacket records are a
-                                   little-endian uint32 length, then the bytes */
+                                   little-endian uint32 length, then the bytes; a
+                                   Unix listener's data: the uint32 inodes of the
+                                   client ends of its backlog, in accept order */
     /* CK_FD_TCP (name_off/name_len: the local sockaddr; data: the receive queue) */
     uint32_t sock_family;       /* AF_INET, AF_INET6 */
     uint32_t sock_opts;         /* CK_SOCKOPT_* */
