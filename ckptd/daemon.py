@@ -228,6 +228,7 @@ def run_local(home: Home, idle_exit_s: float, metrics: str = "") -> None:
             stop.set()
         elif not draining.is_set():
             draining.set()
+            agent.draining = True  # the SIGTERM the jobs' own processes got too waits for these (sigterm.c)
             log.warning("signal %d with %d job(s) running: final checkpoints, then exit", signum, len(live))
             threading.Thread(target=drain, args=(live, signum), daemon=True).start()
 

@@ -306,10 +306,10 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         if rank is not None and node != request.node:
             return pb.Empty()  # a rank the coordinator has placed elsewhere
         self.c.registry.update(record, request.status, request.node, rank)
-        if request.launcher_gone and (rank is None or rank.rank == 0):  # the rank a launcher follows
+        if (request.launcher_gone or request.sigterm) and (rank is None or rank.rank == 0):  # the launcher's rank
             st = self.c.status(record)  # the incarnation the launcher followed, still live: not a later restart
             if JobState.of(st.state).live and st.generation == request.status.generation:
-                why = "its launcher is gone"
+                why = "its launcher is gone" if request.launcher_gone else "a process of the job got SIGTERM"
                 threading.Thread(target=self.c.final_stop, args=(record, why), daemon=True).start()
         return pb.Empty()
 
