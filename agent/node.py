@@ -264,7 +264,7 @@ class AgentNode:
         (--sigterm forward, no launcher, a SIGTERM ckptd itself passes on)."""
         with self.lock:
             job = self.jobs.get(conn.job)
-        hold = job is not None and job.term_held(self.draining)
+        hold = job is not None and job.term_held(self.draining, msg.int("sender"))
         log.warning(
             "job %s: process %d got SIGTERM (from pid %s): %s",
             conn.job,

@@ -514,15 +514,18 @@ class JobRuntime:
 
         return release
 
-    def term_held(self, draining: bool) -> bool:
+    def term_held(self, draining: bool, sender: int) -> bool:
         """Whether a SIGTERM one of its processes holds waits for a final
         checkpoint: a launcher with the checkpoint policy follows it, or the
         daemon drains with no launcher saying forward; never the SIGTERM
-        this agent passes on itself (SignalJob)."""
+        this agent passes on itself (SignalJob), nor one a process of the job
+        sent (sender: its pid as the receiver sees it, 0 from outside the
+        job's pid namespace): a pool terminating its workers, a raise()."""
         with self.cond:
             if self.state not in LIVE or time.monotonic() < self._term_passed_until:
                 return False
-            return self._term_launchers[True] > 0 or (draining and self._term_launchers[False] == 0)
+            held = self._term_launchers[True] > 0 or (draining and self._term_launchers[False] == 0)
+        return held and not (sender and any(ns_pid(p) == sender for p in self.live_pids()))
 
     def first_term_of_incarnation(self) -> bool:
         with self.cond:

@@ -83,6 +83,19 @@ def test_a_programs_own_sigterm_handler_is_called(ckptd: Ckptd, prog: str) -> No
     assert out.endswith("step 40 ok\ndone\n")
 
 
+def test_a_sigterm_from_inside_the_job_is_not_held(ckptd: Ckptd, prog: str) -> None:
+    """The program SIGTERMs its own child (a pool terminating its workers)
+    while a launcher with the checkpoint policy follows the job: the child
+    dies of it at once, and the job is not stopped."""
+    argv = [prog, "20", "killchild"]
+    plain = run_plain(argv)
+    p = launcher(ckptd, "inside", argv)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, out + err
+    assert "child killed" in out and out == plain.stdout
+    assert ckptd.ctl_json("list", "inside") == []
+
+
 def test_sigterm_kills_within_the_bound_when_no_agent_answers(ckptd: Ckptd, prog: str) -> None:
     """The agent stopped (SIGSTOP): the held SIGTERM is delivered after the
     bound, the process dies of it; not at once (it was held)."""

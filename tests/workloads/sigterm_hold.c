@@ -5,10 +5,12 @@
  *            SIG_DFL (never the shim's hidden handler), in both processes,
  *            before and after a restart;
  *   handler  the main process installs its own SIGTERM handler: it reads it
- *            back, and each SIGTERM it takes is printed at the next step.
+ *            back, and each SIGTERM it takes is printed at the next step;
+ *   killchild at step 5 the main process SIGTERMs its child, which must die
+ *            of it at once (a SIGTERM from inside the job is not held).
  * The child waits on a pipe the parent closes at the end, then exits.
  *
- *   sigterm_hold [STEPS] [default|handler]
+ *   sigterm_hold [STEPS] [default|handler|killchild]
  */
 #define _GNU_SOURCE
 #include "state_check.h"
@@ -50,6 +52,7 @@ static void check(int step)
 int main(int argc, char **argv)
 {
     own_handler = argc > 2 && !strcmp(argv[2], "handler");
+    int kill_child = argc > 2 && !strcmp(argv[2], "killchild");
     int end[2], rep[2];
     CHECK(pipe(end) == 0 && pipe(rep) == 0, "pipe");
     pid_t child = fork();
@@ -76,17 +79,30 @@ int main(int argc, char **argv)
     }
     int steps = steps_of(argc, argv);
     setvbuf(stdout, 0, _IOLBF, 0);
+    int st;
     for (int i = 1; i <= steps; i++) {
         check(i);
-        char c;
-        CHECK(write(end[1], "?", 1) == 1 && read(rep[0], &c, 1) == 1, "child report");
-        CHECK(c == 'y', "the child reads back SIGTERM as something other than SIG_DFL");
+        if (kill_child && i == 5) {
+            struct timespec t0, t1;
+            clock_gettime(CLOCK_MONOTONIC, &t0);
+            CHECK(kill(child, SIGTERM) == 0 && waitpid(child, &st, 0) == child, "kill the child");
+            clock_gettime(CLOCK_MONOTONIC, &t1);
+            CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGTERM, "the child ended with status %d, not of SIGTERM", st);
+            CHECK(t1.tv_sec - t0.tv_sec < 2, "the child took %ld s to die of SIGTERM", (long)(t1.tv_sec - t0.tv_sec));
+            printf("child killed\n");
+            child = 0;
+        }
+        if (child) {
+            char c;
+            CHECK(write(end[1], "?", 1) == 1 && read(rep[0], &c, 1) == 1, "child report");
+            CHECK(c == 'y', "the child reads back SIGTERM as something other than SIG_DFL");
+        }
         printf("step %d ok\n", i);
         step_sleep_ms(100);
     }
     close(end[1]);
-    int st;
-    CHECK(waitpid(child, &st, 0) == child && WIFEXITED(st) && WEXITSTATUS(st) == 0, "child ended with %d", st);
+    if (child)
+        CHECK(waitpid(child, &st, 0) == child && WIFEXITED(st) && WEXITSTATUS(st) == 0, "child ended with %d", st);
     printf("done\n");
     return 0;
 }
