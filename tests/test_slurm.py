@@ -194,8 +194,8 @@ def submit(slurm: Slurm, tmp_path: Path, ticks: int) -> tuple[str, Path, Path, P
 def test_one_node_job_requeued_resumes_from_its_final_checkpoint(slurm: Slurm, tmp_path: Path) -> None:
     plain = run_plain([PYTHON, str(WORKLOADS / "counter.py"), "240"])
     job_id, out, err, home = submit(slurm, tmp_path, 240)
-    # the embedded daemon a run starts outlives it under proctrack/linuxproc (reparented when its
-    # launcher exits, so no longer below slurmstepd; it would exit idle after CKPTD_IDLE_EXIT): killed here
+    # the embedded daemon a run starts is no longer below slurmstepd once its launcher exits (proctrack/
+    # linuxproc): it exits by itself then (--exit-with), or is killed here if it did not
     with ckptd_at(home):
         try:
             wait_for("no tick 60 in the output", lambda: out.exists() and "tick 60\n" in out.read_text(), 120, slurm)
@@ -222,12 +222,15 @@ def test_one_node_job_requeued_from_outside_resumes_from_its_final_checkpoint(sl
     sigterm.c); the next run resumes from it, every tick counted once."""
     plain = run_plain([PYTHON, str(WORKLOADS / "counter.py"), "240"])
     job_id, out, err, home = submit(slurm, tmp_path, 240)
-    with ckptd_at(home):
+    with ckptd_at(home) as c:
         try:
             wait_for("no tick 60 in the output", lambda: out.exists() and "tick 60\n" in out.read_text(), 120, slurm)
             slurm.run("scontrol", "requeue", job_id)
             wait_for("the job was not requeued", lambda: slurm.job(job_id).get("Restarts") == "1", 120, slurm)
             wait_for("the job did not finish", lambda: slurm.job(job_id)["JobState"] == "COMPLETED", 180, slurm)
+            # the daemon its launcher started goes with it (proctrack/linuxproc would not end it;
+            # CKPTD_IDLE_EXIT is 60 s here)
+            wait_for("the embedded daemon outlived the job", lambda: not c.daemon_pids(), 20, slurm)
         finally:
             slurm.run("scancel", job_id, check=False)
     notes = err.read_text()
