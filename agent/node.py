@@ -403,6 +403,7 @@ class AgentNode:
         except OSError as e:
             raise storage_error(e, f"cannot write {jd.spec_file}") from e
         job = self._track(spec, owner)
+        job.forget_incarnations()  # a fresh job: generation 0, not the replaced job's next
         job.netns = self._rank_network(spec, carrier=True)
         job.spawn([_fill(a, spec) for a in spec.argv], restore=False)
         return job

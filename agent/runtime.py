@@ -16,6 +16,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import struct
@@ -288,6 +289,17 @@ class JobRuntime:
             except (OSError, ValueError, IndexError):
                 break
         return "it is not a process of the job"
+
+    def forget_incarnations(self) -> None:
+        """Before a fresh launch: the runtime directories of an ended job of
+        this name (one `launch --resume` replaces) go, so that generations,
+        which `ckptctl status` shows as restarts, count from 0 again."""
+        for d in (self.home.agent_dir(self.node) / "jobs" / self.name).glob("gen-*"):
+            shutil.rmtree(d, ignore_errors=True)
+        if self.owner.switch:
+            with self.owner_files():
+                for d in self.work_dir.glob("gen-*"):
+                    shutil.rmtree(d, ignore_errors=True)
 
     def _next_generation(self) -> int:
         base = self.home.agent_dir(self.node) / "jobs" / self.name
