@@ -21,9 +21,10 @@
  *    TERM_DELIVER (the launcher said --sigterm forward, or no launcher
  *    holds the job): the signal is then delivered for real, the default
  *    disposition put back, and the process dies of it as it would have.
- *  - It is delivered as well when no agent answers within TERM_ANSWER_MS,
- *    when the connection drops, or when a hold outlasts
- *    CKPTD_SIGTERM_HOLD_S (default 300): a job never becomes unkillable.
+ *  - It is delivered as well when no agent answers within TERM_ANSWER_MS
+ *    (time the checkpoint thread spends on a command not counted), when
+ *    the connection drops, or CKPTD_SIGTERM_HOLD_S (default 300) after it
+ *    came in any case: a job never becomes unkillable.
  *  - A checkpoint records SIG_DFL (dump.c) and no pending SIGTERM
  *    (quiesce.c, dump.c): a restored process's shim installs the handler
  *    again and a thread restored inside a hold returns from it as if the
@@ -88,7 +89,7 @@ static void term_handler(int sig, siginfo_t *si, void *uc)
 {
     (void)sig;
     (void)uc;
-    int64_t last = ck_now_ns(CLOCK_MONOTONIC), waited = 0;
+    int64_t start = ck_now_ns(CLOCK_MONOTONIC), last = start, waited = 0;
     uint32_t gen = __atomic_load_n(&term_gen, __ATOMIC_ACQUIRE);
     __atomic_store_n(&term_decision, TERM_WAITING, __ATOMIC_RELEASE);
     if (!ck_shim.active || send_term((int)ck_gettid(), si ? si->si_pid : 0) < 0) {
@@ -106,7 +107,8 @@ static void term_handler(int sig, siginfo_t *si, void *uc)
             waited += (now - last) / 1000000;
         last = now;
         long bound = d == TERM_HOLD ? hold_ms : TERM_ANSWER_MS;
-        if (d == TERM_DELIVER || waited >= bound) {
+        /* hold_ms bounds it all, busy or not: a stuck command never makes SIGTERM harmless */
+        if (d == TERM_DELIVER || waited >= bound || (now - start) / 1000000 >= hold_ms) {
             deliver();
             return;
         }
