@@ -89,7 +89,7 @@ static void term_handler(int sig, siginfo_t *si, void *uc)
 {
     (void)sig;
     (void)uc;
-    int64_t start = ck_now_ns(CLOCK_MONOTONIC), last = start, waited = 0;
+    int64_t start = ck_now_ns(CLOCK_MONOTONIC), last = start, waited = 0;  /* ns */
     uint32_t gen = __atomic_load_n(&term_gen, __ATOMIC_ACQUIRE);
     __atomic_store_n(&term_decision, TERM_WAITING, __ATOMIC_RELEASE);
     if (!ck_shim.active || send_term((int)ck_gettid(), si ? si->si_pid : 0) < 0) {
@@ -104,17 +104,17 @@ static void term_handler(int sig, siginfo_t *si, void *uc)
          * DUMP) does not count: the agent's answer waits behind it */
         int64_t now = ck_now_ns(CLOCK_MONOTONIC);
         if (!__atomic_load_n(&ck_shim.busy, __ATOMIC_ACQUIRE))
-            waited += (now - last) / 1000000;
+            waited += now - last;
         last = now;
-        long bound = d == TERM_HOLD ? hold_ms : TERM_ANSWER_MS;
+        int64_t bound = (d == TERM_HOLD ? hold_ms : TERM_ANSWER_MS) * 1000000LL;
         /* hold_ms bounds it all, busy or not: a stuck command never makes SIGTERM harmless */
-        if (d == TERM_DELIVER || waited >= bound || (now - start) / 1000000 >= hold_ms) {
+        if (d == TERM_DELIVER || waited >= bound || now - start >= hold_ms * 1000000LL) {
             deliver();
             return;
         }
         /* woken by the decision, a restore (term_gen), or the quiesce
          * signal of the final checkpoint, which parks this thread here */
-        ck_futex_wait(&term_decision, d, bound - waited < 200 ? bound - waited : 200);
+        ck_futex_wait(&term_decision, d, bound - waited < 200000000LL ? (bound - waited) / 1000000 + 1 : 200);
     }
     ck_eintr_quiesced(0);  /* the call SIGTERM interrupted is resumed, as after a checkpoint */
 }
