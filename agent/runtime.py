@@ -297,8 +297,9 @@ class JobRuntime:
         for d in (self.home.agent_dir(self.node) / "jobs" / self.name).glob("gen-*"):
             shutil.rmtree(d, ignore_errors=True)
         if self.owner.switch:
+            work = self.work_dir  # made as root, then read as the owner
             with self.owner_files():
-                for d in self.work_dir.glob("gen-*"):
+                for d in work.glob("gen-*"):
                     shutil.rmtree(d, ignore_errors=True)
 
     def _next_generation(self) -> int:
