@@ -27,7 +27,7 @@ from .preload import check_preloadable
 from .progress import Transfers
 from .restore import check_checkpoint_dir, restore_job, resume_restored, verify_checkpoint
 from .runtime import Incarnation, JobRuntime, job_dir_of, spec_from_json, spec_to_json
-from .shim_link import ShimConnection, ShimServer
+from .shim_link import Message, ShimConnection, ShimServer
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,8 @@ class AgentNode:
         self.identities = IdentityCache()
         self.transfers = Transfers()  # bytes moved by each job's checkpoint or restart in flight
         self.checkpointer = Checkpointer(self.identities, self.transfers)
-        self.shim_server = ShimServer(home.shim_socket(node), self._on_hello, self._on_close)
+        self.shim_server = ShimServer(home.shim_socket(node), self._on_hello, self._on_close, on_term=self._on_term)
+        self.draining = False  # the embedded daemon got SIGTERM: its jobs' held SIGTERMs wait for final checkpoints
         self.owner_shims: dict[int, ShimServer] = {}  # jobs of other users: one socket per user (owner.py)
         self._coordinator = coordinator_stub(coordinator)
         self._stop = threading.Event()
@@ -255,6 +256,35 @@ class AgentNode:
             " after restore" if conn.restored else "",
         )
 
+    def _on_term(self, conn: ShimConnection, msg: Message) -> None:
+        """A process of a job holds a SIGTERM at its default disposition
+        (native/shim/sigterm.c): hold it for a final checkpoint, after which
+        the job stops, when the job's launcher says so (its SIGTERM policy)
+        or this embedded daemon is itself draining; deliver it otherwise
+        (--sigterm forward, no launcher, a SIGTERM ckptd itself passes on)."""
+        with self.lock:
+            job = self.jobs.get(conn.job)
+        hold = job is not None and job.term_held(self.draining, msg.int("sender"))
+        log.warning(
+            "job %s: process %d got SIGTERM (from pid %s): %s",
+            conn.job,
+            conn.host_pid,
+            msg.fields.get("sender", "?"),
+            "holding it for a final checkpoint" if hold else "delivering it",
+        )
+        with contextlib.suppress(CkptdError):
+            conn.request("TERM_HOLD" if hold else "TERM_DELIVER", 30)
+        if not hold or job is None or not job.first_term_of_incarnation():
+            return
+        for _ in range(5):  # the final checkpoint, unless the launcher's or the daemon's own gets there first
+            try:
+                event = pb.JobEvent(node=self.node, status=job.status(), sigterm=True)
+                call(self._coordinator.ReportJobEvent, event, 10, "coordinator")
+                return
+            except CkptdError as e:
+                log.warning("job %s: cannot ask the coordinator for a final checkpoint: %s", job.name, e.message)
+                self._stop.wait(2.0)
+
     def _on_close(self, conn: ShimConnection) -> None:
         with self.lock:
             job = self.jobs.get(conn.job)
@@ -282,7 +312,12 @@ class AgentNode:
                 # a root job's processes may have dropped to any uid: every uid may
                 # connect, and JobRuntime.refuses checks each is a process of the job
                 server = ShimServer(
-                    path, self._on_hello, self._on_close, owner=(owner.uid, owner.gid), any_uid=owner.any_uid
+                    path,
+                    self._on_hello,
+                    self._on_close,
+                    owner=(owner.uid, owner.gid),
+                    any_uid=owner.any_uid,
+                    on_term=self._on_term,
                 )
                 server.start()
                 self.owner_shims[owner.uid] = server
@@ -368,6 +403,7 @@ class AgentNode:
         except OSError as e:
             raise storage_error(e, f"cannot write {jd.spec_file}") from e
         job = self._track(spec, owner)
+        job.forget_incarnations()  # a fresh job: generation 0, not the replaced job's next
         job.netns = self._rank_network(spec, carrier=True)
         job.spawn([_fill(a, spec) for a in spec.argv], restore=False)
         return job

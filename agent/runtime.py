@@ -16,6 +16,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import struct
@@ -154,6 +155,12 @@ class JobRuntime:
         self.before_end: Callable[[], None] | None = None
         self._spawning = False
         self._on_change = on_change
+        # held SIGTERMs (native/shim/sigterm.c): the guarding launchers' policies
+        # (hold, forward), a SIGTERM this agent passes on itself, and the
+        # incarnation whose final checkpoint a held one asked for
+        self._term_launchers = {True: 0, False: 0}
+        self._term_passed_until = 0.0
+        self._term_asked = -1
 
     # ---- process tree ----
 
@@ -282,6 +289,18 @@ class JobRuntime:
             except (OSError, ValueError, IndexError):
                 break
         return "it is not a process of the job"
+
+    def forget_incarnations(self) -> None:
+        """Before a fresh launch: the runtime directories of an ended job of
+        this name (one `launch --resume` replaces) go, so that generations,
+        which `ckptctl status` shows as restarts, count from 0 again."""
+        for d in (self.home.agent_dir(self.node) / "jobs" / self.name).glob("gen-*"):
+            shutil.rmtree(d, ignore_errors=True)
+        if self.owner.switch:
+            work = self.work_dir  # made as root, then read as the owner
+            with self.owner_files():
+                for d in work.glob("gen-*"):
+                    shutil.rmtree(d, ignore_errors=True)
 
     def _next_generation(self) -> int:
         base = self.home.agent_dir(self.node) / "jobs" / self.name
@@ -493,7 +512,43 @@ class JobRuntime:
             return ExitInfo(signal=-rc)
         return ExitInfo(code=None)
 
+    def term_policy(self, hold: bool) -> Callable[[], None]:
+        """A guarding launcher follows the job with SIGTERM policy `hold`
+        until the returned function is called (once is enough)."""
+        with self.cond:
+            self._term_launchers[hold] += 1
+        done = threading.Event()
+
+        def release() -> None:
+            with self.cond:
+                if not done.is_set():
+                    done.set()
+                    self._term_launchers[hold] -= 1
+
+        return release
+
+    def term_held(self, draining: bool, sender: int) -> bool:
+        """Whether a SIGTERM one of its processes holds waits for a final
+        checkpoint: a launcher with the checkpoint policy follows it, or the
+        daemon drains with no launcher saying forward; never the SIGTERM
+        this agent passes on itself (SignalJob), nor one a process of the job
+        sent (sender: its pid as the receiver sees it, 0 from outside the
+        job's pid namespace): a pool terminating its workers, a raise()."""
+        with self.cond:
+            if self.state not in LIVE or time.monotonic() < self._term_passed_until:
+                return False
+            held = self._term_launchers[True] > 0 or (draining and self._term_launchers[False] == 0)
+        return held and not (sender and any(ns_pid(p) == sender for p in self.live_pids()))
+
+    def first_term_of_incarnation(self) -> bool:
+        with self.cond:
+            first, self._term_asked = self._term_asked != self.generation, self.generation
+            return first
+
     def signal(self, sig: int) -> None:
+        if sig == signal.SIGTERM:
+            with self.cond:
+                self._term_passed_until = time.monotonic() + 10.0  # it is delivered, not held (sigterm.c)
         pids = self.live_pids()
         if not pids:
             raise CkptdError(Code.FAILED_PRECONDITION, f"job {self.name} has no live process to signal")

@@ -80,10 +80,16 @@ class AgentService(pb_grpc.AgentServicer):
             if not ended and job.state in LIVE and job.generation == generation:
                 self.node.launcher_gone(job)  # the job must not run on unmanaged
 
+        # the launcher's SIGTERM policy, for the SIGTERMs its job's processes hold (native/shim/sigterm.c)
+        release = job.term_policy(request.hold_sigterm) if request.guard else (lambda: None)
         if request.guard:
             context.add_callback(dropped)
-        for chunk in follower.follow(running):
-            yield pb.OutputChunk(stream=chunk.stream, data=chunk.data, offset=chunk.offset)
+            context.add_callback(release)
+        try:
+            for chunk in follower.follow(running):
+                yield pb.OutputChunk(stream=chunk.stream, data=chunk.data, offset=chunk.offset)
+        finally:
+            release()
         ended = True
         yield pb.OutputChunk(end=True, status=self._shown(context, job.status()), offset=follower.offset)
 

@@ -13,9 +13,14 @@ says HELLO; the connection then carries request/reply lines:
     FLUSH                 ->  FLUSHED written=0|1    wait until the writer has finished pages.img
     DISCARD               ->  DISCARDED              kill the writer (a round aborted after RESUME)
     REBASE core= image=   ->  REBASED                take the runs of a deduplicated image
+    TERM_HOLD | TERM_DELIVER  ->  TERM_OK            the decision on a held SIGTERM (below)
     PING                  ->  PONG
     any of them           ->  ERROR [retry=1] msg=TEXT   (retry: a passing state, try again:
                                                     ShimError.transient)
+
+Unasked, between replies, a process says TERM tid= sender= when it holds
+a SIGTERM at its default disposition (native/shim/sigterm.c): the agent
+answers TERM_HOLD or TERM_DELIVER (AgentNode._on_term).
 
 Fields are tab-separated key=value pairs; values are percent-encoded.  The
 peer's host pid comes from SO_PEERCRED, so it is right across pid namespaces.
@@ -103,8 +108,14 @@ class ShimError(CkptdError):
 class ShimConnection:
     """One process's connection; requests are serialised, replies come in order."""
 
-    def __init__(self, sock: socket.socket, on_close: Callable[[ShimConnection], None]) -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        on_close: Callable[[ShimConnection], None],
+        on_term: Callable[[ShimConnection, Message], None] | None = None,
+    ) -> None:
         self.sock = sock
+        self._on_term = on_term
         creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
         self.host_pid, self.uid, self.gid = struct.unpack("3i", creds)
         # the peer process itself (Linux >= 6.5), whatever becomes of its pid:
@@ -177,7 +188,12 @@ class ShimConnection:
                 line = self._file.readline()
                 if not line:
                     break
-                self._replies.put(Message.parse(line))
+                msg = Message.parse(line)
+                if msg.command == "TERM":  # unasked: not a reply (the answer is a request of its own)
+                    if self._on_term is not None:
+                        threading.Thread(target=self._on_term, args=(self, msg), daemon=True).start()
+                    continue
+                self._replies.put(msg)
         except OSError:
             pass
         finally:
@@ -258,8 +274,10 @@ class ShimServer:
         path: Path,
         on_hello: Callable[[ShimConnection], None],
         on_close: Callable[[ShimConnection], None],
+        *,
         owner: tuple[int, int] | None = None,
         any_uid: bool = False,
+        on_term: Callable[[ShimConnection, Message], None] | None = None,
     ) -> None:
         """owner (uid, gid): the socket of another user's jobs (agent/owner.py),
         theirs and 0600 (connecting needs write permission), in a directory
@@ -268,6 +286,7 @@ class ShimServer:
         self.path = path
         self._on_hello = on_hello
         self._on_close = on_close
+        self._on_term = on_term
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -294,7 +313,7 @@ class ShimServer:
             threading.Thread(target=self._greet, args=(sock,), daemon=True).start()
 
     def _greet(self, sock: socket.socket) -> None:
-        conn = ShimConnection(sock, self._on_close)
+        conn = ShimConnection(sock, self._on_close, self._on_term)
         try:
             conn.read_hello(timeout=10)
         except (OSError, ConnectionError) as e:

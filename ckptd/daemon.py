@@ -14,6 +14,7 @@ import fcntl
 import json
 import logging
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -176,8 +177,9 @@ def run_agent(
     server.stop(2).wait()
 
 
-def run_local(home: Home, idle_exit_s: float, metrics: str = "") -> None:
-    """Coordinator and this node's agent in one process, on Unix sockets."""
+def run_local(home: Home, idle_exit_s: float, metrics: str = "", exit_with: int = 0) -> None:
+    """Coordinator and this node's agent in one process, on Unix sockets.
+    exit_with: a pid; once it has exited, the daemon exits as soon as no job runs."""
     from ckptd.agent.node import AgentNode
     from ckptd.agent.server import AgentService
     from ckptd.coordinator.jobs import JobRecord
@@ -204,14 +206,19 @@ def run_local(home: Home, idle_exit_s: float, metrics: str = "") -> None:
     agent.start()
     log.info("local ckptd (coordinator %s, agent %s for node %s) pid %d", caddr, aaddr, node, os.getpid())
 
+    starter = _pidfd(exit_with)
+
     def idle_watch() -> None:
         idle_since = time.monotonic()
-        while not stop.wait(5.0):
+        while not stop.wait(1.0 if starter is not None else 5.0):
             busy = any(JobState.of(r.status.state).live for r in coordinator.registry.all())
             if busy:
                 idle_since = time.monotonic()
             elif idle_exit_s > 0 and time.monotonic() - idle_since > idle_exit_s:
                 log.info("no job for %.0f s: exiting", idle_exit_s)
+                stop.set()
+            elif starter is not None and select.select([starter], [], [], 0)[0]:
+                log.info("process %d that started this daemon has exited and no job runs: exiting", exit_with)
                 stop.set()
 
     threading.Thread(target=idle_watch, daemon=True).start()
@@ -228,6 +235,7 @@ def run_local(home: Home, idle_exit_s: float, metrics: str = "") -> None:
             stop.set()
         elif not draining.is_set():
             draining.set()
+            agent.draining = True  # the SIGTERM the jobs' own processes got too waits for these (sigterm.c)
             log.warning("signal %d with %d job(s) running: final checkpoints, then exit", signum, len(live))
             threading.Thread(target=drain, args=(live, signum), daemon=True).start()
 
@@ -254,6 +262,16 @@ def run_local(home: Home, idle_exit_s: float, metrics: str = "") -> None:
     cserver.stop(1).wait()
     with contextlib.suppress(FileNotFoundError):
         home.coordinator_socket.unlink()
+
+
+def _pidfd(pid: int) -> int | None:
+    """A pidfd of pid (readable once it has exited), or None."""
+    if pid <= 0:
+        return None
+    try:
+        return os.pidfd_open(pid)
+    except OSError:
+        return None
 
 
 def coordinator_address(home: Home, start: bool = True) -> str:
@@ -323,8 +341,14 @@ def _spawn_local_daemon(home: Home) -> subprocess.Popen[bytes]:
         env.pop(var, None)
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
     out = os.open(home.logs_dir / "daemon.out", flags, 0o600)  # handed to the child
+    argv = [sys.executable, "-m", "ckptd.cli.ckptd_main", "daemon", "--idle-exit", idle]
+    if os.environ.get("SLURM_JOB_ID"):
+        # Inside an allocation: under proctrack/linuxproc Slurm finds a job's
+        # processes by ancestry, and this daemon (its own session, reparented
+        # when its starter exits) would escape it; it goes with its starter.
+        argv += ["--exit-with", str(os.getpid())]
     daemon = subprocess.Popen(
-        [sys.executable, "-m", "ckptd.cli.ckptd_main", "daemon", "--idle-exit", idle],
+        argv,
         env=env,
         stdin=subprocess.DEVNULL,
         stdout=out,

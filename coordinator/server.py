@@ -306,10 +306,10 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         if rank is not None and node != request.node:
             return pb.Empty()  # a rank the coordinator has placed elsewhere
         self.c.registry.update(record, request.status, request.node, rank)
-        if request.launcher_gone and (rank is None or rank.rank == 0):  # the rank a launcher follows
+        if (request.launcher_gone or request.sigterm) and (rank is None or rank.rank == 0):  # the launcher's rank
             st = self.c.status(record)  # the incarnation the launcher followed, still live: not a later restart
             if JobState.of(st.state).live and st.generation == request.status.generation:
-                why = "its launcher is gone"
+                why = "its launcher is gone" if request.launcher_gone else "a process of the job got SIGTERM"
                 threading.Thread(target=self.c.final_stop, args=(record, why), daemon=True).start()
         return pb.Empty()
 
@@ -348,6 +348,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         record = self.c.registry.add(spec, node.name)
         assert node.stub is not None
         try:
+            self._refuse_kept_checkpoints(record)
             status = call(node.stub.StartJob, pb.StartJobRequest(spec=spec), 60, f"agent on {node.name}")
         except CkptdError:
             self.c.registry.remove(spec.name)
@@ -356,6 +357,20 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         return pb.LaunchJobResponse(
             status=shown(self.c.status(record), who), agent_address=node.address, agent_job=spec.name
         )
+
+    def _refuse_kept_checkpoints(self, record: JobRecord) -> None:
+        """A fresh job whose checkpoint directory already holds checkpoints:
+        those of an earlier job of this name, kept by `ckptctl rm
+        --keep-checkpoints`.  The new job would list them as its own, resume
+        from them, build its incremental images on them: refused."""
+        kept = self.c.catalog.list_job(record)
+        if kept:
+            raise CkptdError(
+                Code.FAILED_PRECONDITION,
+                f"job {record.name}: {record.job_dir.path} holds {len(kept)} checkpoint(s) of an earlier job "
+                f"{record.name} (kept by `ckptctl rm --keep-checkpoints`); move them away, or launch it under "
+                "another name or --ckpt-dir",
+            )
 
     def _launch_ranks(self, spec: pb.JobSpec) -> pb.LaunchJobResponse:
         """A multi-node job: its ranks spread over the chosen (or live) nodes."""

@@ -47,6 +47,27 @@ def test_rm_keep_checkpoints(ckptd: Ckptd, counter: Path) -> None:
     assert ckptd.ctl("rm", "keepme", check=False).returncode == NOT_FOUND
 
 
+def test_launch_over_checkpoints_kept_by_rm_is_refused(ckptd: Ckptd, counter: Path, tmp_path: Path) -> None:
+    """A fresh job under the name and --ckpt-dir is refused rather than taking them for its own."""
+    argv = [PYTHON, str(counter), "400"]
+    ckptd.launch("kept", argv)
+    ckptd.wait_log("kept", r"^tick 3$")
+    info = ckptd.checkpoint("kept")
+    ckptd.ctl("kill", "kept")
+    ckptd.ctl("rm", "kept", "--keep-checkpoints")
+    kept = Path(info["path"])
+    assert kept.is_dir()
+    for extra in ([], ["--resume"], ["--detach"]):
+        p = ckptd.run(CKPTD, "launch", *extra, "--job", "kept", "--", *argv, check=False)
+        assert p.returncode == PRECONDITION, p.stderr
+        one_line_error(p, "kept", str(kept.parent), "1 checkpoint(s) of an earlier job", "--keep-checkpoints")
+        assert kept.is_dir()  # untouched
+    shutil.move(str(kept), str(tmp_path / "moved"))  # what the message says to do
+    p = ckptd.run(CKPTD, "launch", "--job", "kept", "--", PYTHON, str(counter), "3")
+    assert p.stdout == "tick 0\ntick 1\ntick 2\nfinished\n"
+    assert ckptd.ctl_json("list", "kept") == []
+
+
 # ---- logs ----
 
 

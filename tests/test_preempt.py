@@ -78,6 +78,7 @@ def test_resume_replaces_a_job_that_failed_before_any_checkpoint(ckptd: Ckptd, c
     assert p.returncode == 0, err
     assert out == plain.stdout
     assert ckptd.log("early", "stdout") == plain.stdout  # a fresh log, not the lost run's and this one's
+    assert ckptd.status("early").get("generation", 0) == 0  # a fresh job: no restart counted
 
 
 def test_checkpoint_signal_usr1_exits_for_requeue_and_resume_finishes(ckptd: Ckptd, counter: Path) -> None:

@@ -4,8 +4,9 @@ configured in a temporary directory.  The batch job is preempted the way
 `--signal=B:USR1@N` does it before a time limit, requeues itself with
 `scontrol requeue`, and its second run resumes from the final checkpoint:
 every tick is counted once, and the job's output file reads as a plain
-run's.  multi_node.sbatch needs several machines: only its syntax is
-checked here."""
+run's.  Then the same when Slurm requeues it from outside (`scontrol
+requeue`: SIGTERM to every process of the job, the program's included).
+multi_node.sbatch needs several machines: only its syntax is checked here."""
 
 from __future__ import annotations
 
@@ -174,14 +175,14 @@ def wait_for(what: str, cond: object, timeout: float, slurm: Slurm) -> None:
     raise AssertionError(f"{what} after {timeout}s\n{slurm.logs()}")
 
 
-def test_one_node_job_requeued_resumes_from_its_final_checkpoint(slurm: Slurm, tmp_path: Path) -> None:
+def submit(slurm: Slurm, tmp_path: Path, ticks: int) -> tuple[str, Path, Path, Path]:
+    """one_node.sbatch running counter.py: (job id, its output, its error file, CKPTD_HOME)."""
     counter = WORKLOADS / "counter.py"
-    plain = run_plain([PYTHON, str(counter), "240"])
     home = tmp_path / "home"
     home.mkdir()
     out, err = tmp_path / "train.out", tmp_path / "train.err"
     env = dict(slurm.env, CKPTD_HOME=str(home), PATH=f"{BIN}:{os.environ['PATH']}", CKPTD_IDLE_EXIT="60")
-    env["TRAIN"] = f"{PYTHON} {counter} 240"
+    env["TRAIN"] = f"{PYTHON} {counter} {ticks}"
     for var in ("CKPTD_COORDINATOR", "LD_PRELOAD", "CKPTD_JOB", "CKPTD_SHIM_SOCKET"):
         env.pop(var, None)
     job_id = subprocess.run(
@@ -189,8 +190,14 @@ def test_one_node_job_requeued_resumes_from_its_final_checkpoint(slurm: Slurm, t
          str(EXAMPLES / "one_node.sbatch")],
         env=env, capture_output=True, text=True, timeout=60, check=True,
     ).stdout.strip().split(";")[0]  # fmt: skip
-    # the embedded daemon a run starts outlives it under proctrack/linuxproc (reparented when its
-    # launcher exits, so no longer below slurmstepd; it would exit idle after CKPTD_IDLE_EXIT): killed here
+    return job_id, out, err, home
+
+
+def test_one_node_job_requeued_resumes_from_its_final_checkpoint(slurm: Slurm, tmp_path: Path) -> None:
+    plain = run_plain([PYTHON, str(WORKLOADS / "counter.py"), "240"])
+    job_id, out, err, home = submit(slurm, tmp_path, 240)
+    # the embedded daemon a run starts is no longer below slurmstepd once its launcher exits (proctrack/
+    # linuxproc): it exits by itself then (--exit-with), or is killed here if it did not
     with ckptd_at(home):
         try:
             wait_for("no tick 60 in the output", lambda: out.exists() and "tick 60\n" in out.read_text(), 120, slurm)
@@ -203,6 +210,33 @@ def test_one_node_job_requeued_resumes_from_its_final_checkpoint(slurm: Slurm, t
             slurm.run("scancel", job_id, check=False)
     notes = err.read_text()
     assert "stopped after ckpt-000001" in notes and "exit 138 (requeue)" in notes, notes
+    assert "resumed from ckpt-000001" in notes, notes
+    assert out.read_text() == plain.stdout  # every tick once, in one file across both runs
+    assert slurm.job(job_id)["ExitCode"] == "0:0"
+
+
+@pytest.mark.slow
+def test_one_node_job_requeued_from_outside_resumes_from_its_final_checkpoint(slurm: Slurm, tmp_path: Path) -> None:
+    """`scontrol requeue JOBID` from outside, mid-run: Slurm sends SIGTERM to
+    every process of the job (the batch shell, the launcher, its daemon and
+    the program, whose SIGTERM is at its default), SIGKILL after KillWait.
+    The program's SIGTERM is held for the final checkpoint (native/shim/
+    sigterm.c); the next run resumes from it, every tick counted once."""
+    plain = run_plain([PYTHON, str(WORKLOADS / "counter.py"), "240"])
+    job_id, out, err, home = submit(slurm, tmp_path, 240)
+    with ckptd_at(home) as c:
+        try:
+            wait_for("no tick 60 in the output", lambda: out.exists() and "tick 60\n" in out.read_text(), 120, slurm)
+            slurm.run("scontrol", "requeue", job_id)
+            wait_for("the job was not requeued", lambda: slurm.job(job_id).get("Restarts") == "1", 120, slurm)
+            wait_for("the job did not finish", lambda: slurm.job(job_id)["JobState"] == "COMPLETED", 180, slurm)
+            # the daemon its launcher started goes with it (proctrack/linuxproc would not end it;
+            # CKPTD_IDLE_EXIT is 60 s here)
+            wait_for("the embedded daemon outlived the job", lambda: not c.daemon_pids(), 20, slurm)
+        finally:
+            slurm.run("scancel", job_id, check=False)
+    notes = err.read_text()
+    assert "SIGTERM: taking a final checkpoint" in notes and "stopped after ckpt-000001" in notes, notes
     assert "resumed from ckpt-000001" in notes, notes
     assert out.read_text() == plain.stdout  # every tick once, in one file across both runs
     assert slurm.job(job_id)["ExitCode"] == "0:0"

@@ -239,7 +239,7 @@ def cmd_certs(args: argparse.Namespace) -> int:
 def cmd_daemon(args: argparse.Namespace) -> int:
     home = Home.from_env()
     setup_logging(home, "daemon", args.verbose, _log_format(args))
-    run_local(home, args.idle_exit, metrics=_metrics(args))
+    run_local(home, args.idle_exit, metrics=_metrics(args), exit_with=args.exit_with)
     return 0
 
 
@@ -428,6 +428,11 @@ def parser() -> argparse.ArgumentParser:
     daemon.add_argument(
         "--idle-exit", type=float, default=limits.DEFAULT_IDLE_EXIT_S, metavar="SECONDS",
         help="exit after this long without running jobs (0: never)",
+    )  # fmt: skip
+    daemon.add_argument(
+        "--exit-with", type=int, default=0, metavar="PID",
+        help="also exit as soon as PID has exited and no job runs (inside a Slurm allocation, the command "
+        "that started the daemon: it must not outlive the allocation's work)",
     )  # fmt: skip
     _daemon_flags(daemon)
     daemon.set_defaults(func=cmd_daemon)

@@ -112,7 +112,9 @@ class Foreground:
         agent = agent_stub(agent_address)
         out, err = sys.stdout.buffer, sys.stderr.buffer
         # guard: if this process dies (kill -9), the job is stopped after a final checkpoint
-        req = pb.FollowOutputRequest(job=followed, offset=offset, follow=True, guard=True)
+        # hold_sigterm: the job's own processes' SIGTERM (scancel signals them too) waits for the final checkpoint
+        hold = signal.SIGTERM in self.ckpt_signals
+        req = pb.FollowOutputRequest(job=followed, offset=offset, follow=True, guard=True, hold_sigterm=hold)
         try:
             for chunk in agent.FollowOutput(req):
                 if chunk.end:

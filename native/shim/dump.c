@@ -350,8 +350,8 @@ static int dump_attrs(struct ck_image *im)
 static int add_pending(struct ck_image *im, int tid, uint64_t set)
 {
     for (int s = 1; s <= 64; s++) {
-        if (!(set & (1ull << (s - 1))) || s == ck_shim.quiesce_signal)
-            continue;
+        if (!(set & (1ull << (s - 1))) || s == ck_shim.quiesce_signal || (s == SIGTERM && ck_term_hidden()))
+            continue;  /* a SIGTERM held for the agent is this incarnation's (sigterm.c) */
         int taken = 0;
         for (size_t i = 0; i < im->pending.count && !taken; i++) {
             struct ck_pending *pe = ck_table_at(&im->pending, i);
@@ -456,6 +456,8 @@ static int write_core(struct ck_image *im, uint64_t pages_bytes, uint64_t *core_
         struct ck_kernel_sigaction old;
         ck_memset(&old, 0, sizeof(old));
         ck_rt_sigaction(s, 0, &old);
+        if (s == SIGTERM)
+            ck_term_image_action(&old);  /* the program's SIG_DFL, not the shim's hidden handler */
         sigacts[s - 1].handler = old.handler;
         sigacts[s - 1].flags = old.flags;
         sigacts[s - 1].restorer = old.restorer;

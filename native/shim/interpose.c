@@ -9,6 +9,7 @@
  *    with a timeout are resumed after a checkpoint (eintr.c).
  *  - sigaction also puts a counter in front of the program's handlers, and
  *    the calls a checkpoint interrupts are resumed: eintr.c.
+ *  - sigaction(SIGTERM): a SIG_DFL is held for the agent: sigterm.c.
  *
  * The real functions are found with dlsym(RTLD_NEXT) once, in the
  * constructor, before the program runs; open() goes straight to the
@@ -159,6 +160,8 @@ CK_EXPORT int sigaction(int sig, const struct sigaction *act, struct sigaction *
         errno = EINVAL;  /* reserved by ckptd (CKPTD_QUIESCE_SIGNAL picks another) */
         return -1;
     }
+    if (sig == SIGTERM)
+        return ck_term_sigaction(act, old, real_sigaction);  /* SIG_DFL held for the agent (sigterm.c) */
     return ck_eintr_sigaction(sig, act, old, real_sigaction);  /* counts its handlers (eintr.c) */
 }
 

@@ -218,7 +218,7 @@ void ck_take_pending(int which)
         for (int s = 1; s <= 64; s++) {
             uint64_t bit = 1ull << (s - 1);
             if (!(set & bit) || s == ck_shim.quiesce_signal || s == SIGKILL || s == SIGSTOP ||
-                (s == SIGALRM && alarm_is_periodic()))
+                (s == SIGALRM && alarm_is_periodic()) || (s == SIGTERM && ck_term_hidden()))
                 continue;
             while (pending_mask(shared) & bit) {
                 if (npend >= CK_PENDING_POOL) {

@@ -23,6 +23,9 @@
  *                   the next one refers to its pages where they are now)
  *   agent -> shim   LAZY_DONE             -> LAZY_DONE  (restart --lazy: every page is back; fork() may go on)
  *   agent -> shim   PING                  -> PONG
+ *   shim  -> agent  TERM tid= sender=     (unasked: a SIGTERM at its default disposition
+ *                                         is held, sigterm.c; any time, between replies)
+ *   agent -> shim   TERM_HOLD | TERM_DELIVER -> TERM_OK  (the agent's decision)
  * After a restart --lazy the restored HELLO also says lazy_uffd=N: the
  * descriptor the agent takes (pidfd_getfd) for its pager before RESUME,
  * which closes the process's own copy (native/restorer/lazy.c).  QUIESCE
@@ -280,12 +283,14 @@ static void drop_connection(void)
      * nobody has said yet that it may run at all */
     if (ck_is_parked() && !ck_shim.unverified)
         ck_release();
+    ck_term_decide(0);  /* a SIGTERM held for the agent is delivered: no one is left to decide */
 }
 
 /* Called on the restored checkpoint thread: finish what the restorer began. */
 static void finish_restore(void)
 {
     ck_wait_threads_arrived(ck_restart.nthreads);
+    ck_term_restored();  /* a SIGTERM held in the image was the previous incarnation's */
     ck_track_forget();
     ck_shim.lazy_fd = ck_restart.lazy_uffd;
     ck_shim.lazy_pending = ck_shim.lazy_fd >= 0;
@@ -404,6 +409,8 @@ static void handle_quiesce(char *line)
     send_line(&b);
 }
 
+static void handle_command(char *line);
+
 static void command_loop(void)
 {
     static char line[4096];
@@ -420,67 +427,77 @@ static void command_loop(void)
             drop_connection();
             continue;
         }
-        if (ck_startswith(line, "QUIESCE")) {
-            handle_quiesce(line);
-        } else if (ck_startswith(line, "PREMAP")) {
-            if (ck_arena_setup() < 0 || ck_premaps_capture() < 0)
-                reply_error("cannot read /proc/self/smaps");
-            else
-                reply_simple("PREMAPPED");
-        } else if (ck_startswith(line, "SETTLE")) {
-            handle_settle(line);
-        } else if (ck_startswith(line, "DUMP")) {
-            handle_dump(line);
-        } else if (ck_startswith(line, "RESUME") || ck_startswith(line, "ABORT")) {
-            ck_shim.unverified = 0;  /* the agent's word */
-            if (ck_shim.lazy_fd >= 0) {
-                /* the agent's pager holds it now; closing the last copy
-                 * is what ends the registration once it is done */
-                ck_close(ck_shim.lazy_fd);
-                ck_shim.lazy_fd = -1;
-            }
-            int parked = ck_is_parked();
-            if (ck_startswith(line, "ABORT"))
-                ck_writeout_discard();
-            ck_arena_reset();
-            /* the reply goes first: once released, the process may exit
-             * at once (a restored child a moment from its end), and the
-             * agent would read a closed connection as a failed RESUME */
-            reply_simple("RESUMED");
-            if (parked)
-                ck_release();
-        } else if (ck_startswith(line, "FLUSH")) {
-            char err[CK_ERR_CAP];
-            char *key = (char *)msg_get(line, "key");
-            int rc = ck_writeout_flush(err, sizeof(err), key);
-            if (key) {
-                ck_memset(key, 0, ck_strlen(key));
-                ck_seal_scrub_stack();
-            }
-            if (rc < 0)
-                reply_error(err);
-            else
-                reply_simple(rc == 0 ? "FLUSHED\twritten=1" : "FLUSHED\twritten=0");
-        } else if (ck_startswith(line, "DISCARD")) {
-            ck_writeout_discard();
-            reply_simple("DISCARDED");
-        } else if (ck_startswith(line, "REBASE")) {
-            static char core[4096], image[CK_SOURCE_PATH];
-            const char *c = msg_copy(line, "core", core, sizeof(core));
-            const char *i = msg_copy(line, "image", image, sizeof(image));
-            if (c && i && ck_track_rebase(c, i) == 0)
-                reply_simple("REBASED");
-            else
-                reply_error("cannot take the rewritten image's page runs");
-        } else if (ck_startswith(line, "LAZY_DONE")) {
-            __atomic_store_n(&ck_shim.lazy_pending, 0, __ATOMIC_RELEASE);
-            ck_futex_wake_all(&ck_shim.lazy_pending);
-            reply_simple("LAZY_DONE");
-        } else if (ck_startswith(line, "PING")) {
-            reply_simple("PONG");
-        } else {
-            reply_error("unknown command");
+        __atomic_store_n(&ck_shim.busy, 1, __ATOMIC_RELEASE);
+        handle_command(line);
+        __atomic_store_n(&ck_shim.busy, 0, __ATOMIC_RELEASE);
+    }
+}
+
+static void handle_command(char *line)
+{
+    if (ck_startswith(line, "QUIESCE")) {
+        handle_quiesce(line);
+    } else if (ck_startswith(line, "PREMAP")) {
+        if (ck_arena_setup() < 0 || ck_premaps_capture() < 0)
+            reply_error("cannot read /proc/self/smaps");
+        else
+            reply_simple("PREMAPPED");
+    } else if (ck_startswith(line, "SETTLE")) {
+        handle_settle(line);
+    } else if (ck_startswith(line, "DUMP")) {
+        handle_dump(line);
+    } else if (ck_startswith(line, "RESUME") || ck_startswith(line, "ABORT")) {
+        ck_shim.unverified = 0;  /* the agent's word */
+        if (ck_shim.lazy_fd >= 0) {
+            /* the agent's pager holds it now; closing the last copy
+             * is what ends the registration once it is done */
+            ck_close(ck_shim.lazy_fd);
+            ck_shim.lazy_fd = -1;
         }
+        int parked = ck_is_parked();
+        if (ck_startswith(line, "ABORT"))
+            ck_writeout_discard();
+        ck_arena_reset();
+        /* the reply goes first: once released, the process may exit
+         * at once (a restored child a moment from its end), and the
+         * agent would read a closed connection as a failed RESUME */
+        reply_simple("RESUMED");
+        if (parked)
+            ck_release();
+    } else if (ck_startswith(line, "FLUSH")) {
+        char err[CK_ERR_CAP];
+        char *key = (char *)msg_get(line, "key");
+        int rc = ck_writeout_flush(err, sizeof(err), key);
+        if (key) {
+            ck_memset(key, 0, ck_strlen(key));
+            ck_seal_scrub_stack();
+        }
+        if (rc < 0)
+            reply_error(err);
+        else
+            reply_simple(rc == 0 ? "FLUSHED\twritten=1" : "FLUSHED\twritten=0");
+    } else if (ck_startswith(line, "DISCARD")) {
+        ck_writeout_discard();
+        reply_simple("DISCARDED");
+    } else if (ck_startswith(line, "REBASE")) {
+        static char core[4096], image[CK_SOURCE_PATH];
+        const char *c = msg_copy(line, "core", core, sizeof(core));
+        const char *i = msg_copy(line, "image", image, sizeof(image));
+        if (c && i && ck_track_rebase(c, i) == 0)
+            reply_simple("REBASED");
+        else
+            reply_error("cannot take the rewritten image's page runs");
+    } else if (ck_startswith(line, "LAZY_DONE")) {
+        __atomic_store_n(&ck_shim.lazy_pending, 0, __ATOMIC_RELEASE);
+        ck_futex_wake_all(&ck_shim.lazy_pending);
+        reply_simple("LAZY_DONE");
+    } else if (ck_startswith(line, "TERM_HOLD") || ck_startswith(line, "TERM_DELIVER")) {
+        ck_term_decide(ck_startswith(line, "TERM_HOLD"));
+        reply_simple("TERM_OK");
+    } else if (ck_startswith(line, "PING")) {
+        reply_simple("PONG");
+    } else {
+        reply_error("unknown command");
     }
 }
 
@@ -564,4 +581,5 @@ __attribute__((constructor)) static void ck_shim_init(void)
     if (connect_agent() < 0 || send_hello(0) < 0)
         drop_connection();  /* the checkpoint thread keeps retrying */
     start_checkpoint_thread();
+    ck_term_install();  /* after HELLO: a SIGTERM's TERM follows it on the connection */
 }

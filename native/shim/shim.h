@@ -31,6 +31,7 @@ struct ck_shim_state {
     int lazy_fd;              /* restart --lazy: the restorer's userfaultfd until RESUME, or -1 */
     volatile uint32_t lazy_pending;  /* futex: 1 until LAZY_DONE (memory still being filled) */
     int unverified;           /* restored and parked until an agent's RESUME: never released otherwise */
+    volatile int busy;        /* the checkpoint thread is carrying out a command (sigterm.c's bound waits) */
     char job[128];
     char socket_path[108];
 };
@@ -258,6 +259,16 @@ void ck_interpose_init(void) CK_HIDDEN;
 /* ---- eintr.c: blocking calls resumed after a checkpoint ---- */
 struct sigaction;
 typedef int (*ck_sigaction_fn)(int, const struct sigaction *, struct sigaction *);
+
+/* ---- sigterm.c: a SIGTERM at its default disposition held for the agent ---- */
+struct ck_kernel_sigaction;
+void ck_term_install(void) CK_HIDDEN;    /* in the constructor: hide the handler if SIGTERM is SIG_DFL */
+void ck_term_restored(void) CK_HIDDEN;   /* after a restore: holds end, the handler goes back */
+void ck_term_decide(int hold) CK_HIDDEN; /* the agent's TERM_HOLD (1) or TERM_DELIVER (0); a dropped connection: 0 */
+int ck_term_hidden(void) CK_HIDDEN;      /* 1: a pending SIGTERM is never saved (it is this incarnation's) */
+/* the kernel's action as a checkpoint records it: the program's view, never the hidden handler */
+void ck_term_image_action(struct ck_kernel_sigaction *k) CK_HIDDEN;
+int ck_term_sigaction(const struct sigaction *act, struct sigaction *old, ck_sigaction_fn real) CK_HIDDEN;
 void ck_eintr_init(void) CK_HIDDEN;  /* the real functions, from the constructor */
 /* the quiesce handler, as it returns; parked_at: CLOCK_MONOTONIC when it parked, or 0 */
 void ck_eintr_quiesced(int64_t parked_at) CK_HIDDEN;
