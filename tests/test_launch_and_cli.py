@@ -53,8 +53,9 @@ def test_command_not_found(ckptd: Ckptd) -> None:
 
 
 def test_interval_checkpoints_and_wait_across_restart(ckptd: Ckptd, counter: Path) -> None:
-    plain = run_plain([PYTHON, str(counter), "160"])  # the reference, run meanwhile
-    ckptd.launch("per", [PYTHON, str(counter), "160"], "--interval", "1.5")
+    # 240 ticks of 50 ms: still running at the kill -9 below after the CLI calls, on a loaded machine too
+    plain = run_plain([PYTHON, str(counter), "240"])  # the reference, run meanwhile
+    ckptd.launch("per", [PYTHON, str(counter), "240"], "--interval", "1.5")
     ckptd.wait_log("per", r"^tick 80$")
     checkpoints = ckptd.ctl_json("list", "per")
     assert len(checkpoints) >= 2, checkpoints
