@@ -44,6 +44,13 @@ KINDS = {
 }
 
 
+WHOSE = {"full": "a full checkpoint", "incremental": "an incremental checkpoint", "base": "a chain's base (pages.img)"}
+PROMISE = (
+    "the restart is refused (exit 5, one line naming the file), nothing runs, the job's log and files are "
+    "untouched, and another good checkpoint restores byte-identical"
+)
+
+
 @dataclass
 class Built:
     c: Ckptd
@@ -78,18 +85,13 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Built]:
 
 def damage_cells() -> list[object]:
     out = []
-    for kind, (damaged, _, _) in KINDS.items():
+    for kind in KINDS:
         files = ("proc-2/pages.img",) if kind == "base" else FILES
         for name in files:
             for how in ("corrupt", "truncated"):
-                fault = f"{how} bytes in {Path(name).name}"
-                promise = (
-                    f"a restart from ckpt-{damaged:06d} is refused (exit 5, one line naming {Path(name).name}), "
-                    "nothing runs, the job's log and files are untouched, another good checkpoint restores "
-                    "byte-identical"
-                )
+                fault = f"{how} bytes in each file of {WHOSE[kind]}"
                 phase = "verify" if name != "proc-2/pages.img" else "rebuild"
-                marks = [faultmatrix.cell(f"{fault} ({kind} checkpoint)", phase, promise)]
+                marks = [faultmatrix.cell(fault, phase, PROMISE)]
                 out.append(pytest.param(kind, name, how, marks=marks, id=f"{kind}-{name.replace('/', '.')}-{how}"))
     return out
 
