@@ -217,6 +217,7 @@ def test_restart_from_failing_storage(  # noqa: PLR0917
         for e in ("ENOSPC", "EROFS", "EIO", "ENOTCONN")
     ],
 )
+@pytest.mark.slow
 def test_upload_to_failing_shared_storage(ckptd: Ckptd, store: faultfs.FaultFS, tmp_path: Path, err: str) -> None:
     stage = tmp_path / "stage"
     plain = start(ckptd, "j", "--stage-dir", str(stage), "--ckpt-dir", str(store.mountpoint), ticks="400")
