@@ -36,7 +36,7 @@ from typing import Any
 
 import psutil
 
-from ckptd.errors import CkptdError, Code
+from ckptd.errors import STORAGE_ERRNOS, CkptdError, Code
 from ckptd.image import dedup
 from ckptd.image.checksum import ALGORITHM, IdentityCache, fsync_path, writer_digest
 from ckptd.image.core import CoreImage
@@ -77,7 +77,7 @@ def _storage_error(message: str, directory: str) -> CkptdError:
         return CkptdError(Code.RESOURCE_EXHAUSTED, f"checkpoint storage {directory} is full: {message}")
     if errno in (13, 30, 1):  # EACCES, EROFS, EPERM
         return CkptdError(Code.PERMISSION_DENIED, f"checkpoint storage {directory} is not writable: {message}")
-    if errno in (2, 5, 116):  # ENOENT, EIO, ESTALE: storage vanished mid-write
+    if errno == 2 or errno in STORAGE_ERRNOS:  # ENOENT, EIO, ESTALE, ENOTCONN...: storage vanished mid-write
         return CkptdError(Code.UNAVAILABLE, f"checkpoint storage {directory} failed during the write: {message}")
     return CkptdError(Code.FAILED_PRECONDITION, f"cannot checkpoint: {message}")
 
@@ -664,6 +664,13 @@ class Checkpointer:
         return t
 
     def finalize(self, job: JobRuntime, directory: str, dedup_with: str = "", dedup_with_final: str = "") -> RankPart:
+        try:
+            return self._finalize(job, directory, dedup_with, dedup_with_final)
+        except OSError as e:  # an fsync or a read-back of the storage failed: say so, not "internal error"
+            what = f" ({Path(e.filename).name})" if e.filename else ""
+            raise _storage_error(f"finalize{what}: {e.strerror} (errno {e.errno})", directory) from e
+
+    def _finalize(self, job: JobRuntime, directory: str, dedup_with: str, dedup_with_final: str) -> RankPart:
         d = Path(directory)
         dumps, tree, (log_bytes, index_bytes) = self._dumps.pop(job.name, ([], {}, (0, 0)))
         t0 = time.monotonic()

@@ -452,15 +452,21 @@ class AgentNode:
                 f"job {spec.name} is still running on {self.node} (pids {job.live_pids()}); "
                 "use --force to kill it first",
             )
-        check_checkpoint_dir(spec, checkpoint)  # the job's own checkpoint, in its own directory
-        verified = verify_checkpoint(spec.name, checkpoint, allow_changed, self.identities, self.transfers)
+        try:
+            check_checkpoint_dir(spec, checkpoint)  # the job's own checkpoint, in its own directory
+            verified = verify_checkpoint(spec.name, checkpoint, allow_changed, self.identities, self.transfers)
+        except OSError as e:  # the storage failed under the reads: say which file, not "internal error"
+            raise _unreadable(checkpoint, e) from e
         job = self._track(spec, owner)
         try:
             job_dir_of(spec).ensure(spec.ckpt_dir, owner.uid)
             # a rank's link stays down until every rank is rebuilt: no segment
             # may reach a peer whose connection does not exist yet (a reset)
             job.netns = self._rank_network(spec, carrier=not hold)
-            held = restore_job(self.home, job, verified, self.transfers, hold=hold, lazy=lazy)
+            try:
+                held = restore_job(self.home, job, verified, self.transfers, hold=hold, lazy=lazy)
+            except OSError as e:
+                raise _unreadable(checkpoint, e) from e
             if held is not None:
                 self.held[spec.name] = held
         except CkptdError as e:
@@ -507,3 +513,13 @@ class AgentNode:
 
     def manifest_part(self, job: JobRuntime, request: pb.FinalizeRequest) -> RankPart:
         return self.checkpointer.finalize(job, request.dir, request.dedup_with, request.dedup_with_final)
+
+
+def _unreadable(checkpoint: Path, e: OSError) -> CkptdError:
+    """A restart whose storage failed under it (EIO, a vanished mount)."""
+    where = e.filename or checkpoint
+    return CkptdError(
+        Code.UNAVAILABLE,
+        f"cannot restart from {checkpoint}: reading {where} failed: {e.strerror} (errno {e.errno}); "
+        "fix the checkpoint storage and retry, or restart --from another checkpoint",
+    )

@@ -64,6 +64,10 @@ class Incarnation:
     # lazy restore's checks run on after it); until then they are parked, and
     # an agent that re-adopts the incarnation kills it: nothing unverified runs
     released: bool = True
+    # when ckptd-init started, in clock ticks since boot (/proc/PID/stat): tells
+    # its pid from a reused one whatever the wall clock did since (`started`, a
+    # wall-clock time, moved by hours when the clock was set; 0: written before)
+    start_ticks: int = 0
 
     def save(self) -> None:
         path = Path(self.runtime_dir) / "runtime.json"
@@ -78,6 +82,17 @@ class Incarnation:
 class ExitInfo:
     code: int | None = None
     signal: int | None = None
+
+
+def start_ticks(pid: int) -> int:
+    """When a process started, in clock ticks since boot (field 22 of
+    /proc/PID/stat): unlike psutil's create_time, which adds it to a boot
+    time computed from the wall clock, setting the clock does not move it."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat.rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def spec_to_json(spec: pb.JobSpec) -> str:
@@ -170,7 +185,10 @@ class JobRuntime:
             return None
         try:
             p = psutil.Process(inc.init_pid)
-            if p.create_time() > inc.started + 5:  # pid reused
+            if inc.start_ticks:
+                if start_ticks(inc.init_pid) != inc.start_ticks:  # pid reused
+                    return None
+            elif p.create_time() > inc.started + 5:  # pid reused (or the clock was set forward)
                 return None
             return p
         except psutil.Error:
@@ -390,6 +408,7 @@ class JobRuntime:
             exit_file=str(exit_file),
             runtime_dir=str(rt),
             started=time.time(),
+            start_ticks=start_ticks(popen.pid),
             restored_from=restored_from,
             status_dir=str(shared),
             released=not restore,

@@ -7,6 +7,7 @@ The CLI turns the code into its exit status (see EXIT_CODES and README).
 from __future__ import annotations
 
 import enum
+import errno as _errno
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # grpc is imported where a call is made: the read-only CLI commands need none
@@ -114,3 +115,9 @@ def _trailers(err: grpc.RpcError) -> tuple[tuple[str, str], ...] | None:
         return tuple(fn()) if fn else None
     except Exception:
         return None
+
+
+# errnos that say the storage failed, not that a file is bad: a disk error, a
+# network filesystem whose server went.  A read that fails with one of them is
+# the storage's fault to report (exit 7), never a corrupt checkpoint to pass over.
+STORAGE_ERRNOS = frozenset((_errno.EIO, _errno.ENOTCONN, _errno.ESTALE, _errno.EHOSTDOWN, _errno.ENXIO))

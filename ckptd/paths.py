@@ -215,7 +215,14 @@ class JobDir:
         symbolic link) of this daemon's user, root or uid (the job's user),
         and its log and index regular files if they exist."""
         try:
+            made = not self.path.is_dir()
             self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
+            if made:  # its name is durable before a checkpoint is committed in it (the commit fsyncs only it)
+                fd = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
         except OSError as e:
             raise storage_error(e, f"cannot create the job directory {self.path}") from e
         trusted = {os.geteuid(), 0, uid}

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from ckptd.errors import ANSWERED, TRANSIENT, CkptdError, Code
+from ckptd.errors import ANSWERED, STORAGE_ERRNOS, TRANSIENT, CkptdError, Code
 from ckptd.tls import TlsFiles, default_dir
 from ckptd.v1 import ckptd_pb2_grpc as pb_grpc
 
@@ -94,6 +94,13 @@ def reachable(address: str, timeout: float = 1.0) -> bool:
 
 
 def _abort(context: grpc.ServicerContext, name: str, exc: BaseException) -> None:
+    # storage that fails under a request: the caller learns which file, not "internal error"
+    if isinstance(exc, OSError) and exc.errno in STORAGE_ERRNOS:
+        log.warning("%s: storage failed: %s", name, exc)
+        where = f"{exc.filename}: " if exc.filename else ""
+        exc = CkptdError(
+            Code.UNAVAILABLE, f"storage failed in {name}: {where}{exc.strerror} (errno {exc.errno}); fix it and retry"
+        )
     if isinstance(exc, CkptdError):
         # marked as ckptd's own answer: an UNAVAILABLE from here is about a
         # node behind the service, not the service itself

@@ -52,7 +52,7 @@ from ckptd.rpc import call
 from ckptd.v1 import ckptd_pb2 as pb
 from ckptd.v1 import ckptd_pb2_grpc as pb_grpc
 
-from .catalog import Catalog, chain_of, info_from_manifest
+from .catalog import Catalog, chain_of, info_from_manifest, storage_error
 from .jobs import JobRecord, now_rfc3339
 from .nodes import NodeRegistry
 from .ranks import Target
@@ -242,22 +242,25 @@ class CheckpointRound:
             self.set_operation(f"checkpoint {ckpt_id}: committing")
             timings["total_s"] = time.monotonic() - t0
             rank_parts = {t: RankPart.from_json(json.loads(p.manifest_part_json)) for t, p in parts.items()}
-            manifest = self._manifest(
-                ckpt_id=ckpt_id,
-                targets=targets,
-                prep=prep,
-                dumps=dumps,
-                parts=rank_parts,
-                dirs=dirs,
-                timings=timings,
-                attempts=attempt,
-            )
-            # deduplicated images name this checkpoint's own rank 0: not a dependency
-            depends = sorted({d for p in rank_parts.values() for d in p.depends_on} - {name})
-            manifest.chain = Chain(
-                parent=parent if depends else "", depends_on=depends, depth=parent_depth + 1 if depends else 0
-            )
-            write_manifest(tmp, manifest.to_json())
+            try:
+                manifest = self._manifest(
+                    ckpt_id=ckpt_id,
+                    targets=targets,
+                    prep=prep,
+                    dumps=dumps,
+                    parts=rank_parts,
+                    dirs=dirs,
+                    timings=timings,
+                    attempts=attempt,
+                )
+                # deduplicated images name this checkpoint's own rank 0: not a dependency
+                depends = sorted({d for p in rank_parts.values() for d in p.depends_on} - {name})
+                manifest.chain = Chain(
+                    parent=parent if depends else "", depends_on=depends, depth=parent_depth + 1 if depends else 0
+                )
+                write_manifest(tmp, manifest.to_json())
+            except OSError as e:  # the storage failed under the manifests: a storage error, not an internal one
+                raise storage_error(e, job_dir.path) from e
             final = self.catalog.commit(tmp, job_dir, ckpt_id)
         except BaseException:
             record.in_flight = None

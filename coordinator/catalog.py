@@ -8,6 +8,7 @@ removed, never promoted.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -17,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from ckptd.errors import CkptdError, Code
+from ckptd.errors import STORAGE_ERRNOS, CkptdError, Code
 from ckptd.image.checksum import fsync_path
 from ckptd.image.manifest import load_manifest, total_bytes
 from ckptd.image.transfer import read_upload_record
@@ -106,7 +107,13 @@ class Catalog:
         local = self._list_dir(job, job_dir)
         if shared is None:
             return local
-        up = {c.id: c for c in self._list_dir(job, shared)}
+        try:
+            up = {c.id: c for c in self._list_dir(job, shared)}
+        except OSError as e:  # the shared tier is down: the stage's checkpoints serve, listed as local only
+            if e.errno not in STORAGE_ERRNOS:
+                raise
+            log.warning("job %s: cannot list the shared tier %s: %s", job, shared.path, e.strerror)
+            up = {}
         for c in up.values():
             record = read_upload_record(Path(c.path))
             c.shared_bytes = int(record.get("stored_bytes", 0))
@@ -187,8 +194,15 @@ class Catalog:
             raise CkptdError(Code.ABORTED, f"{final} already exists; another coordinator is writing this job?")
         try:
             os.rename(tmp, final)
+        except OSError as e:
+            raise storage_error(e, job_dir.path) from e
+        try:
             fsync_path(job_dir.path)
         except OSError as e:
+            # the name is not durable, and the round is about to say it failed:
+            # take the name back, so that no checkpoint stays that its caller was told is not there
+            with contextlib.suppress(OSError):
+                os.rename(final, tmp)
             raise storage_error(e, job_dir.path) from e
         return final
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import grpc
 
 from ckptd.auth import Identity, Policy, Role
-from ckptd.errors import CkptdError, Code
+from ckptd.errors import STORAGE_ERRNOS, CkptdError, Code
 from ckptd.image.transfer import CODECS
 from ckptd.jobstate import RESTARTABLE, JobState
 from ckptd.metrics import Metrics
@@ -206,7 +206,13 @@ class Coordinator:
         st.node = record.node
         st.spec.CopyFrom(record.spec)
         st.log_path = str(record.job_dir.log)
-        checkpoints = self.catalog.list_job(record)
+        try:
+            checkpoints = self.catalog.list_job(record)
+        except OSError as e:  # the job's state is known without its storage: say what is not
+            if e.errno not in STORAGE_ERRNOS:
+                raise
+            checkpoints = []
+            st.message = "; ".join(m for m in (st.message, f"checkpoint storage unreadable: {e.strerror}") if m)
         st.checkpoints = len(checkpoints)
         if checkpoints:
             st.last_checkpoint.CopyFrom(checkpoints[-1])

@@ -184,6 +184,10 @@ class Cluster:
         log.info("node %s killed: pids %s", name, killed)
         return killed
 
+    def set_link(self, name: str, up: bool) -> None:
+        """Pull (or plug back) the node's cable: its port on the fabric goes down (up)."""
+        _ip("-n", FABRIC, "link", "set", self._port(name), "up" if up else "down")
+
     def teardown(self) -> None:
         """Kill everything the cluster started and delete every netns it or its agents made.  Never raises."""
         try:

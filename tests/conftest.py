@@ -437,7 +437,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
-    reports = [r for key in ("passed", "failed", "error", "skipped") for r in terminalreporter.stats.get(key, [])]
+    keys = ("passed", "failed", "error", "skipped", "xfailed", "xpassed")
+    reports = [r for key in keys for r in terminalreporter.stats.get(key, [])]
     table = faultmatrix.render(faultmatrix.collect(reports))
     if not table:
         return

@@ -5,7 +5,8 @@ A test that checks one cell carries the marker::
     @faultmatrix.cell("SIGKILL agent", "dump", "no commit; the last good checkpoint restores identical")
 
 or, for a parametrized test, ``pytest.param(..., marks=faultmatrix.cell(...))``.  The cell is
-"held" when the test passes and "FAILED" when it fails; conftest prints the whole matrix at the end
+"held" when the test passes, "FAILED" when it fails ("xfail": a known failure, its reason in the
+test's xfail marker; several tests of one cell: the worst); conftest prints the whole matrix at the end
 of every run (under pytest-xdist too: the cell travels in the report's user_properties).  The
 promise is the sentence the test checks; ``--fault-matrix PATH`` also writes the matrix and the
 promises as Markdown, the table ARCHITECTURE.md carries.
@@ -48,7 +49,9 @@ def collect(reports: Iterable[Any]) -> dict[tuple[str, str], tuple[str, str]]:
             if name != PROPERTY:
                 continue
             key = (value["fault"], value["phase"])
-            if report.skipped:
+            if report.skipped and getattr(report, "wasxfail", None) is not None:
+                result = "xfail"  # a known failure, its reason in the test's xfail marker
+            elif report.skipped:
                 result = "skipped"
             elif report.failed:
                 result = "FAILED"
@@ -57,7 +60,8 @@ def collect(reports: Iterable[Any]) -> dict[tuple[str, str], tuple[str, str]]:
             else:
                 continue
             previous = cells.get(key, ("", ""))[0]
-            if previous in ("FAILED",) or (previous == "held" and result == "skipped"):
+            rank = {"FAILED": 3, "xfail": 2, "held": 1, "skipped": 0}  # a cell is as good as its worst test
+            if previous and rank[previous] >= rank[result]:
                 continue
             cells[key] = (result, value["promise"])
     return cells

@@ -25,7 +25,7 @@ from typing import Any
 
 import xxhash
 
-from ckptd.errors import CkptdError, Code
+from ckptd.errors import STORAGE_ERRNOS, CkptdError, Code
 from ckptd.image import seal
 from ckptd.image.checksum import ALGORITHM, fsync_path, hash_file
 from ckptd.nofollow import create_file
@@ -231,16 +231,25 @@ def load_manifest(directory: Path, key: bytes | None = None, *, authenticate: bo
     default the daemon's); authenticate=False skips the MAC (`ckptctl
     inspect` run by someone who cannot read the key says so)."""
     path = directory / MANIFEST
+    hint = "restart from another checkpoint with --from ID (`ckptctl list JOB`)"
     try:
         manifest = json.loads(path.read_text())
     except FileNotFoundError as e:
-        raise CkptdError(Code.DATA_LOSS, f"checkpoint {directory.name} has no manifest (never committed?)") from e
-    except (OSError, ValueError) as e:
-        raise CkptdError(Code.DATA_LOSS, f"checkpoint {directory.name}: manifest unreadable or truncated ({e})") from e
+        raise CkptdError(
+            Code.DATA_LOSS, f"checkpoint {directory.name} has no manifest (never committed?); {hint}"
+        ) from e
+    except OSError as e:
+        if e.errno in STORAGE_ERRNOS:  # the storage failed, not the checkpoint: never passed over as corrupt
+            raise
+        raise CkptdError(Code.DATA_LOSS, f"checkpoint {directory.name}: manifest unreadable ({e}); {hint}") from e
+    except ValueError as e:
+        raise CkptdError(
+            Code.DATA_LOSS, f"checkpoint {directory.name}: manifest unreadable or truncated ({e}); {hint}"
+        ) from e
     if not isinstance(manifest, dict) or manifest.get("schema") != SCHEMA:
-        raise CkptdError(Code.DATA_LOSS, f"checkpoint {directory.name}: unknown manifest schema")
+        raise CkptdError(Code.DATA_LOSS, f"checkpoint {directory.name}: unknown manifest schema; {hint}")
     if manifest.get("digest") != _digest(manifest):
-        raise CkptdError(Code.DATA_LOSS, f"checkpoint {directory.name}: manifest digest mismatch (corrupted)")
+        raise CkptdError(Code.DATA_LOSS, f"checkpoint {directory.name}: manifest digest mismatch (corrupted); {hint}")
     if authenticate:
         check_mac(directory.name, manifest, key if key is not None else seal.key())
     return manifest

@@ -9,6 +9,7 @@ image holds, see dedup.py) stay holes in a plain copy.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import time
@@ -62,6 +63,7 @@ def _copy_sparse(src: Path, dst: Path, progress: Progress | None) -> int:
     with open(src, "rb", buffering=0) as fi, open(dst, "wb", buffering=0) as fo:
         size = os.fstat(fi.fileno()).st_size
         pos = 0
+        in_kernel = True
         while pos < size:
             try:
                 data = os.lseek(fi.fileno(), pos, os.SEEK_DATA)
@@ -72,7 +74,12 @@ def _copy_sparse(src: Path, dst: Path, progress: Progress | None) -> int:
             end = os.lseek(fi.fileno(), data, os.SEEK_HOLE)
             off = data
             while off < end:
-                n = os.copy_file_range(fi.fileno(), fo.fileno(), min(end - off, CHUNK), off, off)
+                n = _copy_range(fi.fileno(), fo.fileno(), min(end - off, CHUNK), off) if in_kernel else 0
+                if n < 0:  # across filesystems (a local stage, a network tier): through this process
+                    in_kernel = False
+                if n <= 0 and not in_kernel:
+                    chunk = os.pread(fi.fileno(), min(end - off, CHUNK), off)
+                    n = os.pwrite(fo.fileno(), chunk, off) if chunk else 0
                 if n <= 0:
                     raise OSError(f"short copy of {src} at {off}")
                 off += n
@@ -85,6 +92,17 @@ def _copy_sparse(src: Path, dst: Path, progress: Progress | None) -> int:
         os.ftruncate(fo.fileno(), size)
         os.fsync(fo.fileno())
     return copied
+
+
+def _copy_range(fd_in: int, fd_out: int, count: int, off: int) -> int:
+    """copy_file_range, or -1 where the kernel cannot copy between these two
+    files (EXDEV: two filesystems, as a stage and a shared tier mostly are)."""
+    try:
+        return os.copy_file_range(fd_in, fd_out, count, off, off)
+    except OSError as e:
+        if e.errno in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
+            return -1
+        raise
 
 
 def worth_compressing(path: Path, write_bw: float = 0.0) -> bool:
