@@ -92,6 +92,10 @@ def info_from_manifest(job: str, path: Path) -> pb.CheckpointInfo:
         stall_s=float(t.get("stall_s", 0)),
         processes=len(m.get("processes", [])),
         node=m.get("node", ""),
+        phases=[
+            pb.PhaseTiming(name=str(p["name"]), rpc_s=float(p["rpc_s"]), local_s=float(p["local_s"]))
+            for p in m.get("phases", [])  # none in a manifest from before phases were recorded
+        ],
     )
 
 
