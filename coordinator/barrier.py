@@ -48,7 +48,7 @@ from ckptd.rpc import call_many
 from ckptd.v1 import ckptd_pb2 as pb
 from ckptd.v1 import ckptd_pb2_grpc as pb_grpc
 
-from .catalog import Catalog, chain_of, info_from_manifest
+from .catalog import Catalog, info_from_manifest
 from .jobs import JobRecord, now_rfc3339
 from .nodes import NodeRegistry
 from .ranks import Target
@@ -288,13 +288,14 @@ class CheckpointRound:
         when the next checkpoint should be a full one."""
         record = self.record
         full_every = record.spec.full_every or DEFAULT_FULL_EVERY
-        newest = self.catalog.list(record.name, record.job_dir)[-1:]
-        if not newest or newest[0].created == "corrupt" or full_every <= 1:
+        newest = self.catalog.newest(record.job_dir)
+        if newest is None or newest[1] is None or full_every <= 1:
             return "", 0
-        depth = chain_of(Path(newest[0].path)).get("depth", 0)
+        chain = newest[1].get("chain") or {}
+        depth = chain.get("depth", 0) if isinstance(chain, dict) else 0
         if depth + 1 >= full_every:
             return "", 0
-        return newest[0].name, int(depth)
+        return newest[0], int(depth)
 
     def _manifest(
         self,
