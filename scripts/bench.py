@@ -721,12 +721,20 @@ def main() -> int:
                 print(f"benchmarking 2 ranks of {mib} MiB, dedup {on} ...", file=sys.stderr, flush=True)
                 dedup_rows.append(bench_dedup(base, mib, on))
         if shutil.which("dmtcp_launch"):
-            for mib in (int(s) for s in filter(None, args.sizes.split(","))):
-                print(f"benchmarking DMTCP with {mib} MiB ...", file=sys.stderr, flush=True)
+            # the same workloads under DMTCP: every size, every tree, and
+            # 2 ranks when --ranks has them (DMTCP's ranks share loopback)
+            workloads = [(int(m), 1, 0) for m in filter(None, args.sizes.split(","))]
+            workloads += [(int(t.split("x")[1]), int(t.split("x")[0]), 0) for t in filter(None, args.trees.split(","))]
+            workloads += [(args.rank_mib, 1, 2)] if 2 in rank_counts else []
+            for mib, procs, nranks in workloads:
+                print(f"benchmarking DMTCP with {procs} x {mib} MiB, {nranks} ranks ...", file=sys.stderr, flush=True)
                 try:
-                    dmtcp_rows.append(bench_dmtcp(base, mib, WORKLOAD, evict=evict, wait_line=wait_line, gap_of=gap_of))
+                    dmtcp_rows.append(
+                        bench_dmtcp(base, mib, RANK_WORKLOAD if nranks else WORKLOAD, evict=evict,
+                                    wait_line=wait_line, procs=procs, ranks=nranks)
+                    )  # fmt: skip
                 except (RuntimeError, OSError, subprocess.SubprocessError, SystemExit) as e:
-                    print(f"DMTCP with {mib} MiB failed: {e}", file=sys.stderr)
+                    print(f"DMTCP with {procs} x {mib} MiB, {nranks} ranks failed: {e}", file=sys.stderr)
         else:
             print("DMTCP not installed: no comparison", file=sys.stderr)
     finally:
@@ -747,7 +755,7 @@ def main() -> int:
     if dedup_rows:
         text += "\nTwo data-parallel ranks with the same model:\n\n" + dedup_table(dedup_rows)
     if dmtcp_rows:
-        text += "\nDMTCP on the same workload (ratios below 1: ckptd takes less time):\n\n" + dmtcp_table(
+        text += "\nckptd beside DMTCP on the same workloads, same run (ratio ckptd/DMTCP):\n\n" + dmtcp_table(
             rows, dmtcp_rows
         )
     if enc_rows:
