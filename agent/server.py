@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -108,29 +109,37 @@ class AgentService(pb_grpc.AgentServicer):
     @rpc_method
     def Prepare(self, request: pb.PrepareRequest, context: grpc.ServicerContext) -> pb.PrepareResponse:
         self._coordinator(context)
+        t0 = time.monotonic()
         job = self.node.get(request.job)
-        return self.node.checkpointer.prepare(
+        reply = self.node.checkpointer.prepare(
             job, request.checkpoint_id, request.timeout_s or 10.0, request.dir, check_space=not request.incremental
         )
+        reply.local_s = time.monotonic() - t0
+        return reply
 
     @rpc_method
-    def Drain(self, request: pb.ResumeRequest, context: grpc.ServicerContext) -> pb.Empty:
+    def Drain(self, request: pb.ResumeRequest, context: grpc.ServicerContext) -> pb.PhaseResponse:
         self._coordinator(context)
+        t0 = time.monotonic()
         self.node.checkpointer.drain(self.node.get(request.job))
-        return pb.Empty()
+        return pb.PhaseResponse(local_s=time.monotonic() - t0)
 
     @rpc_method
     def Dump(self, request: pb.DumpRequest, context: grpc.ServicerContext) -> pb.DumpResponse:
         self._coordinator(context)
-        return self.node.checkpointer.dump(self.node.get(request.job), request)
+        t0 = time.monotonic()
+        reply = self.node.checkpointer.dump(self.node.get(request.job), request)
+        reply.local_s = time.monotonic() - t0
+        return reply
 
     @rpc_method
-    def Resume(self, request: pb.ResumeRequest, context: grpc.ServicerContext) -> pb.Empty:
+    def Resume(self, request: pb.ResumeRequest, context: grpc.ServicerContext) -> pb.PhaseResponse:
         self._coordinator(context)
+        t0 = time.monotonic()
         job = self.node.get(request.job)
         if not self.node.release(job):  # a rank held after its restore, or a checkpoint's pause
             self.node.checkpointer.resume(job)
-        return pb.Empty()
+        return pb.PhaseResponse(local_s=time.monotonic() - t0)
 
     @rpc_method
     def Abort(self, request: pb.ResumeRequest, context: grpc.ServicerContext) -> pb.Empty:
@@ -161,8 +170,9 @@ class AgentService(pb_grpc.AgentServicer):
     @rpc_method
     def Finalize(self, request: pb.FinalizeRequest, context: grpc.ServicerContext) -> pb.FinalizeResponse:
         self._coordinator(context)
+        t0 = time.monotonic()
         part = self.node.manifest_part(self.node.get(request.job), request)
-        return pb.FinalizeResponse(manifest_part_json=json.dumps(part.to_json()))
+        return pb.FinalizeResponse(manifest_part_json=json.dumps(part.to_json()), local_s=time.monotonic() - t0)
 
     @rpc_method
     def Restore(self, request: pb.RestoreRequest, context: grpc.ServicerContext) -> pb.JobStatus:

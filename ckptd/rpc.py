@@ -15,6 +15,7 @@ import functools
 import inspect
 import logging
 import os
+import threading
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from typing import Any, TypeVar
@@ -80,6 +81,35 @@ def call(method: Callable[..., Any], request: Any, timeout: float | None, what: 
         return method(request, timeout=timeout)
     except grpc.RpcError as e:
         raise CkptdError.from_rpc(e, what) from None
+
+
+# RPCs one caller keeps in flight at once (call_many): enough for every rank
+# of a large job to work at the same time, without a thread per call
+FAN_OUT = 256
+
+
+def call_many(calls: list[tuple[Callable[..., Any], Any, float | None, str]]) -> list[Any]:
+    """Unary RPCs (method, request, timeout, what) all at once, at most
+    FAN_OUT in flight, without a thread each (gRPC futures); each answer,
+    or the CkptdError it failed with, in the order given."""
+    slots = threading.BoundedSemaphore(FAN_OUT)
+    pending = []
+    for method, request, timeout, what in calls:
+        slots.acquire()
+        try:
+            future = method.future(request, timeout=timeout)
+        except BaseException:
+            slots.release()
+            raise
+        future.add_done_callback(lambda _f: slots.release())
+        pending.append((future, what))
+    out: list[Any] = []
+    for future, what in pending:
+        try:
+            out.append(future.result())
+        except grpc.RpcError as e:
+            out.append(CkptdError.from_rpc(e, what))
+    return out
 
 
 def reachable(address: str, timeout: float = 1.0) -> bool:

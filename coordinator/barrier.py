@@ -34,7 +34,6 @@ notice its absence (or its new instance id) and release their parked ranks.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import logging
@@ -44,15 +43,17 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import xxhash
+
 from ckptd.errors import CkptdError, Code
-from ckptd.image.checksum import ALGORITHM, hash_file
-from ckptd.image.manifest import Chain, Manifest, RankEntry, RankPart, Sizes, write_manifest
+from ckptd.image.checksum import ALGORITHM
+from ckptd.image.manifest import Chain, Manifest, Phase, RankEntry, RankPart, Sizes, write_manifest
 from ckptd.jobstate import JobState
-from ckptd.rpc import call
+from ckptd.rpc import call_many
 from ckptd.v1 import ckptd_pb2 as pb
 from ckptd.v1 import ckptd_pb2_grpc as pb_grpc
 
-from .catalog import Catalog, chain_of, info_from_manifest, storage_error
+from .catalog import Catalog, info_from_manifest, storage_error
 from .jobs import JobRecord, now_rfc3339
 from .nodes import NodeRegistry
 from .ranks import Target
@@ -74,6 +75,8 @@ RETRY_FOR_S = 10.0
 # starts a new chain at least this often, so that a restore never reads
 # more than this many checkpoints (JobSpec.full_every overrides it)
 DEFAULT_FULL_EVERY = 16
+# threads writing (and fsyncing) the ranks' manifests at the commit
+COMMIT_WRITERS = 16
 
 
 class CheckpointRound:
@@ -130,23 +133,16 @@ class CheckpointRound:
     def _on_all(
         self, stubs: dict[Target, pb_grpc.AgentStub], method: str, make: Callable[[Target], Any], timeout: float
     ) -> dict[Target, Any]:
-        """One phase on every target at once; the first failure (by rank) is raised
-        after all have answered, naming the rank."""
-
-        def one(t: Target) -> Any:
-            try:
-                return call(getattr(stubs[t], method), make(t), timeout, f"agent on {t.node}")
-            except CkptdError as e:
-                prefix = f"{t.label}: " if self.record.ranks else ""
-                raise CkptdError(e.code, prefix + e.message, transient=e.transient) from None
-
+        """One phase on every target at once (every RPC in flight together, up
+        to rpc.FAN_OUT); the first failure (by rank) is raised after all have
+        answered, naming the rank."""
         targets = list(stubs)
-        with ThreadPoolExecutor(max_workers=min(len(targets), 16)) as pool:
-            futures = {t: pool.submit(one, t) for t in targets}
-        for f in futures.values():
-            if f.exception() is not None:
-                raise f.exception()  # type: ignore[misc]
-        return {t: f.result() for t, f in futures.items()}
+        answers = call_many([(getattr(stubs[t], method), make(t), timeout, f"agent on {t.node}") for t in targets])
+        for t, a in zip(targets, answers, strict=True):
+            if isinstance(a, CkptdError):
+                prefix = f"{t.label}: " if self.record.ranks else ""
+                raise CkptdError(a.code, prefix + a.message, transient=a.transient) from None
+        return dict(zip(targets, answers, strict=True))
 
     def _run(self, attempt: int = 1) -> pb.CheckpointInfo:
         record, job = self.record, self.record.name
@@ -181,22 +177,34 @@ class CheckpointRound:
             d.mkdir(exist_ok=True)
         timings: dict[str, float] = {}
         parked: dict[Target, pb_grpc.AgentStub] = {}
+        # each phase's time at the coordinator and inside the slowest agent:
+        # what the protocol itself costs, apart from the ranks' own work.
+        # Phases are back to back, so they add up to total_s
+        phases: list[Phase] = []
+        mark = [t0]
+
+        def close(name: str, local_s: float = 0.0) -> None:
+            now = time.monotonic()
+            phases.append(Phase(name=name, rpc_s=now - mark[0], local_s=local_s))
+            mark[0] = now
+
+        close("reserve")
 
         def phase(key: str, text: str, method: str, make: Callable[[Target], Any], timeout: float) -> dict[Target, Any]:
             self.set_operation(f"checkpoint {ckpt_id}: {text}")
-            t = time.monotonic()
             replies = self._on_all(stubs, method, make, timeout)
-            timings[key] = time.monotonic() - t
+            close(key, max((float(r.local_s) for r in replies.values()), default=0.0))
+            timings[f"{key}_s" if key != "prepare" else "quiesce_s"] = phases[-1].rpc_s
             return replies
 
         def request(t: Target) -> pb.ResumeRequest:
             return pb.ResumeRequest(job=t.name, checkpoint_id=ckpt_id)
 
         try:
-            t_pause = time.monotonic()
+            t_pause = mark[0]
             parked = dict(stubs)  # an abort releases every rank, parked or not
             prep = phase(
-                "quiesce_s",
+                "prepare",
                 "quiescing",
                 "Prepare",
                 lambda t: pb.PrepareRequest(
@@ -208,9 +216,9 @@ class CheckpointRound:
                 ),
                 self.timeout_s + 30,
             )
-            phase("drain_s", "draining bytes in flight", "Drain", request, 60)
+            phase("drain", "draining bytes in flight", "Drain", request, 60)
             dumps = phase(
-                "dump_s",
+                "dump",
                 "writing",
                 "Dump",
                 lambda t: pb.DumpRequest(
@@ -225,9 +233,13 @@ class CheckpointRound:
                 LONG_RPC_S,
             )
             if not self.then_stop:
-                phase("resume_s", "resuming", "Resume", request, 60)
+                phase("resume", "resuming", "Resume", request, 60)
                 parked = {}
-            timings["stall_s"] = time.monotonic() - t_pause  # as seen from outside: an upper bound
+            else:
+                close("resume")  # none: the ranks stay parked until stopped
+            timings["stall_s"] = mark[0] - t_pause  # as seen from outside: an upper bound
+            # the stall less the slowest rank's own time in each of its phases
+            timings["protocol_s"] = max(0.0, timings["stall_s"] - sum(p.local_s for p in phases[1:]))
             # with --dedup, ranks other than 0 store only what rank 0's images do not hold
             rank0 = next((t for t in targets if t.rank and t.rank.rank == 0), None)
 
@@ -238,10 +250,10 @@ class CheckpointRound:
                     req.dedup_with_final = f"{name}/{dirs[rank0].name}"
                 return req
 
-            parts = phase("finalize_s", "checksums and fsync", "Finalize", finalize, LONG_RPC_S)
+            parts = phase("finalize", "checksums and fsync", "Finalize", finalize, LONG_RPC_S)
             self.set_operation(f"checkpoint {ckpt_id}: committing")
-            timings["total_s"] = time.monotonic() - t0
             rank_parts = {t: RankPart.from_json(json.loads(p.manifest_part_json)) for t, p in parts.items()}
+            timings["total_s"] = time.monotonic() - t0  # the ranks' manifests: the round up to finalize
             try:
                 manifest = self._manifest(
                     ckpt_id=ckpt_id,
@@ -251,8 +263,15 @@ class CheckpointRound:
                     parts=rank_parts,
                     dirs=dirs,
                     timings=timings,
+                    phases=phases,
                     attempts=attempt,
                 )
+                # the commit up to here (every rank's manifest); the job's own
+                # manifest and the rename, one file each, cannot time themselves
+                close("commit")
+                timings["total_s"] = mark[0] - t0
+                manifest.timings = dict(timings)
+                manifest.phases = list(phases)
                 # deduplicated images name this checkpoint's own rank 0: not a dependency
                 depends = sorted({d for p in rank_parts.values() for d in p.depends_on} - {name})
                 manifest.chain = Chain(
@@ -290,13 +309,14 @@ class CheckpointRound:
         when the next checkpoint should be a full one."""
         record = self.record
         full_every = record.spec.full_every or DEFAULT_FULL_EVERY
-        newest = self.catalog.list(record.name, record.job_dir)[-1:]
-        if not newest or newest[0].created == "corrupt" or full_every <= 1:
+        newest = self.catalog.newest(record.job_dir)
+        if newest is None or newest[1] is None or full_every <= 1:
             return "", 0
-        depth = chain_of(Path(newest[0].path)).get("depth", 0)
+        chain = newest[1].get("chain") or {}
+        depth = chain.get("depth", 0) if isinstance(chain, dict) else 0
         if depth + 1 >= full_every:
             return "", 0
-        return newest[0].name, int(depth)
+        return newest[0], int(depth)
 
     def _manifest(
         self,
@@ -308,9 +328,14 @@ class CheckpointRound:
         parts: dict[Target, RankPart],
         dirs: dict[Target, Path],
         timings: dict[str, float],
+        phases: list[Phase],
         attempts: int,
     ) -> Manifest:
+        """The checkpoint's manifest.  A multi-rank job's ranks' own manifests
+        are written here, in parallel; they hold the round up to finalize."""
         record = self.record
+        timings = dict(timings)
+        phases = list(phases)
 
         def one(t: Target) -> Manifest:
             dump = dumps[t]
@@ -321,6 +346,7 @@ class CheckpointRound:
                 node=t.node,
                 protocol=PROTOCOL_VERSION,
                 timings=timings,
+                phases=phases,
                 sizes=Sizes(
                     pages_bytes=sum(p.pages_bytes for p in dump.processes),
                     ref_bytes=sum(p.ref_bytes for p in dump.processes),
@@ -349,26 +375,39 @@ class CheckpointRound:
             sizes=Sizes(),
             attempts=attempts,
         )
-        for t in targets:
-            assert t.rank is not None
+
+        def write(t: Target) -> tuple[Manifest, bytes]:
             m = one(t)
-            write_manifest(dirs[t], m.to_json())
+            return m, write_manifest(dirs[t], m.to_json())
+
+        # each write waits on its own fsyncs: together, not one after another
+        with ThreadPoolExecutor(max_workers=min(len(targets), COMMIT_WRITERS)) as pool:
+            written = list(pool.map(write, targets))
+        for t, (m, data) in zip(targets, written, strict=True):
+            assert t.rank is not None
             sub = dirs[t].name
             job.ranks.append(RankEntry(rank=t.rank.rank, node=t.node, vip=t.rank.vip, dir=sub))
             job.files.extend(dict(f, path=f"{sub}/{f['path']}") for f in parts[t].files)
-            part = dirs[t] / "manifest.json"
-            job.files.append({"path": f"{sub}/manifest.json", "size": part.stat().st_size, ALGORITHM: hash_file(part)})
+            entry = {"path": f"{sub}/manifest.json", "size": len(data), ALGORITHM: xxhash.xxh3_128_hexdigest(data)}
+            job.files.append(entry)
             job.sizes.add(m.sizes)
             job.processes.extend(dataclasses.replace(p, rank=t.rank.rank) for p in parts[t].processes)
         return job
 
     def _abort(self, parked: dict[Target, pb_grpc.AgentStub], ckpt_id: int) -> None:
-        for t, stub in parked.items():
-            with contextlib.suppress(CkptdError):
-                call(stub.Abort, pb.ResumeRequest(job=t.name, checkpoint_id=ckpt_id), 60, f"agent on {t.node}")
+        # every rank at once; a failure is the agent's to log (its coordinator-gone watch releases it)
+        call_many(
+            [
+                (stub.Abort, pb.ResumeRequest(job=t.name, checkpoint_id=ckpt_id), 60, f"agent on {t.node}")
+                for t, stub in parked.items()
+            ]
+        )
 
     def _stop(self, stubs: dict[Target, pb_grpc.AgentStub], name: str) -> None:
         reason = f"stopped after its final checkpoint {name}; `ckptctl restart {self.record.name}` resumes it"
-        for t, stub in stubs.items():
-            with contextlib.suppress(CkptdError):
-                call(stub.Stop, pb.StopRequest(job=t.name, reason=reason), 60, f"agent on {t.node}")
+        call_many(
+            [
+                (stub.Stop, pb.StopRequest(job=t.name, reason=reason), 60, f"agent on {t.node}")
+                for t, stub in stubs.items()
+            ]
+        )

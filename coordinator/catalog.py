@@ -61,16 +61,6 @@ def storage_error(e: OSError, path: Path) -> CkptdError:
     return CkptdError(Code.UNAVAILABLE, f"checkpoint storage {path} failed: {e.strerror}")
 
 
-def chain_of(path: Path) -> dict[str, Any]:
-    """A checkpoint's place in its chain: parent, depends_on, depth (a full
-    checkpoint, or one written before incremental images: depth 0)."""
-    try:
-        chain = load_manifest(path).get("chain") or {}
-    except CkptdError:
-        return {}
-    return chain if isinstance(chain, dict) else {}
-
-
 def info_from_manifest(job: str, path: Path) -> pb.CheckpointInfo:
     m = load_manifest(path)
     t = m.get("timings", {})
@@ -93,6 +83,10 @@ def info_from_manifest(job: str, path: Path) -> pb.CheckpointInfo:
         stall_s=float(t.get("stall_s", 0)),
         processes=len(m.get("processes", [])),
         node=m.get("node", ""),
+        phases=[
+            pb.PhaseTiming(name=str(p["name"]), rpc_s=float(p["rpc_s"]), local_s=float(p["local_s"]))
+            for p in m.get("phases", [])  # none in a manifest from before phases were recorded
+        ],
     )
 
 
@@ -152,6 +146,23 @@ class Catalog:
                 log.warning("%s", e.message)
                 out.append(pb.CheckpointInfo(job=job, id=ckpt_id, name=entry.name, path=entry.path, created="corrupt"))
         return sorted(out, key=lambda c: c.id)
+
+    def newest(self, job_dir: JobDir) -> tuple[str, dict[str, Any] | None] | None:
+        """The newest committed checkpoint's name and its verified manifest
+        (None if it is corrupt), or None when there is none: one manifest
+        read, however many checkpoints the job has (a round starts with it)."""
+        try:
+            entries = [e for e in os.scandir(job_dir.path) if parse_checkpoint_name(e.name) is not None and e.is_dir()]
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        if not entries:
+            return None
+        last = max(entries, key=lambda e: parse_checkpoint_name(e.name) or 0)
+        try:
+            return last.name, load_manifest(Path(last.path))
+        except CkptdError as e:
+            log.warning("%s", e.message)
+            return last.name, None
 
     def next_id(self, job_dir: JobDir) -> int:
         ids = [0]

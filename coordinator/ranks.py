@@ -50,6 +50,19 @@ class Target:
 
 
 T = TypeVar("T")
+R = TypeVar("R")
+# ranks a coordinator works on at once (a thread each): a round's or a
+# restart's per-rank calls go out together rather than one after another
+RANK_FAN_OUT = 64
+
+
+def each_rank(do: Callable[[R], T], items: list[R]) -> list[T]:
+    """do(item) for every item at once (at most RANK_FAN_OUT at a time), in
+    order; the first exception is raised once all have ended."""
+    if len(items) <= 1:
+        return [do(i) for i in items]
+    with ThreadPoolExecutor(max_workers=min(len(items), RANK_FAN_OUT)) as pool:
+        return list(pool.map(do, items))
 
 
 def on_every_rank(
@@ -58,7 +71,7 @@ def on_every_rank(
     """do(rank) on every rank at once.  All or none: if any fails, undo the
     ranks where it succeeded (no rank may run without the others) and raise
     the first error."""
-    with ThreadPoolExecutor(max_workers=min(len(ranks), 16)) as pool:
+    with ThreadPoolExecutor(max_workers=min(len(ranks), RANK_FAN_OUT)) as pool:
         futures = [pool.submit(do, r) for r in ranks]
         errors = [e for f in futures if (e := f.exception()) is not None]
         if errors:

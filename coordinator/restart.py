@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ckptd.errors import CkptdError, Code
@@ -17,7 +16,7 @@ from .barrier import LONG_RPC_S
 from .catalog import Catalog
 from .jobs import JobRecord, JobRegistry
 from .nodes import Node, NodeRegistry
-from .ranks import RankRecord, agent_job_name, aggregate, apply_placement, on_every_rank, rank_spec
+from .ranks import RankRecord, agent_job_name, aggregate, apply_placement, each_rank, on_every_rank, rank_spec
 from .tiering import TransferBoard, fetch_chain
 
 log = logging.getLogger(__name__)
@@ -169,7 +168,11 @@ def restart_job(
 def _stop_ranks(record: JobRecord, nodes: NodeRegistry, force: bool) -> set[str]:
     """A job whose ranks all run is only restarted with force; one that lost a
     rank cannot go on, and its surviving ranks are stopped first."""
-    live = {r.rank: nodes.rank_status(agent_job_name(record.name, r.rank), r.node, r.status) for r in record.ranks}
+
+    def now(r: RankRecord) -> pb.JobStatus:
+        return nodes.rank_status(agent_job_name(record.name, r.rank), r.node, r.status)
+
+    live = {r.rank: st for r, st in zip(record.ranks, each_rank(now, record.ranks), strict=True)}
     view = [RankRecord(r.rank, r.node, r.vip, live[r.rank]) for r in record.ranks]
     job = aggregate(record.name, view)
     unreachable = {r.node for r in view if r.status.state == JobState.LOST.pb and r.status.message}
@@ -182,7 +185,8 @@ def _stop_ranks(record: JobRecord, nodes: NodeRegistry, force: bool) -> set[str]
             Code.FAILED_PRECONDITION,
             f"job {record.name} is still running ({where}); stop it first or pass --force",
         )
-    for r in running:
+
+    def stop(r: RankRecord) -> None:
         node = nodes.get(r.node)
         assert node.stub is not None
         log.info("restart: stopping rank %d of job %s on %s", r.rank, record.name, r.node)
@@ -192,6 +196,8 @@ def _stop_ranks(record: JobRecord, nodes: NodeRegistry, force: bool) -> set[str]
             KILL_WAIT_S + 10,
             f"agent on {r.node}",
         )
+
+    each_rank(stop, running)
     return unreachable
 
 
@@ -260,10 +266,10 @@ def _restart_ranks(
 
     on_every_rank(ranks, restore, lambda r: release(r, "Abort"))
     # every rank is rebuilt: links up and run, all together
-    with ThreadPoolExecutor(max_workers=min(len(ranks), 16)) as pool:
-        list(pool.map(lambda r: release(r, "Resume"), ranks))
-    for r in ranks:
-        registry.update(record, nodes.rank_status(agent_job_name(record.name, r.rank), r.node, r.status), r.node, r)
+    each_rank(lambda r: release(r, "Resume"), ranks)
+    statuses = each_rank(lambda r: nodes.rank_status(agent_job_name(record.name, r.rank), r.node, r.status), ranks)
+    for r, st in zip(ranks, statuses, strict=True):
+        registry.update(record, st, r.node, r)
     registry.save(record)
     log.info(
         "job %s restarted from %s: %s", record.name, checkpoint.name, ", ".join(f"{r.rank}={r.node}" for r in ranks)

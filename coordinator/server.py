@@ -8,7 +8,6 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -35,7 +34,18 @@ from .jobs import (
 )
 from .nodes import HEARTBEAT_S, NodeRegistry
 from .policy import AutoRestarter, IntervalScheduler
-from .ranks import MAX_RANKS, RankRecord, agent_job_name, aggregate, free_slot, on_every_rank, rank_spec, spread, vip
+from .ranks import (
+    MAX_RANKS,
+    RankRecord,
+    agent_job_name,
+    aggregate,
+    each_rank,
+    free_slot,
+    on_every_rank,
+    rank_spec,
+    spread,
+    vip,
+)
 from .restart import restart_job
 from .tiering import Uploader, prune_shared
 
@@ -177,8 +187,7 @@ class Coordinator:
 
     def _multi_status(self, record: JobRecord) -> pb.JobStatus:
         ranks = record.ranks
-        with ThreadPoolExecutor(max_workers=min(len(ranks), 8)) as pool:
-            live = list(pool.map(self._rank_status, ranks))
+        live = each_rank(self._rank_status, ranks)
         view = [RankRecord(r.rank, r.node, r.vip, st) for r, st in zip(ranks, live, strict=True)]
         st = aggregate(record.name, view)
         with self.registry.lock:

@@ -27,6 +27,7 @@ ratios to DMTCP's.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import json
 import mmap
@@ -46,6 +47,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from bench_dmtcp import bench_dmtcp, dmtcp_table  # noqa: E402  (next to this script)
 from bench_encrypt import bench_encrypt, encrypt_table  # noqa: E402
+from bench_nodes import Nodes  # noqa: E402
 
 WORKLOAD = HERE / "bench_workload.py"
 RANK_WORKLOAD = HERE / "bench_rank_workload.py"
@@ -295,10 +297,30 @@ def lazy_table(rows: list[dict[str, Any]]) -> str:
     return out
 
 
-def bench_ranks(base: Path, nranks: int, mib: int) -> dict[str, float]:
-    """A job of nranks ranks of mib MiB each: checkpoint, pause, restart."""
+def phase_split(info: dict[str, Any]) -> dict[str, float]:
+    """A checkpoint's stall split by its phases (ckptctl's "phases"): the
+    ranks' own time (the slowest rank's, phase by phase) and the protocol's
+    (the rest of the stall: RPCs, fan-out, waiting for the slowest to start)."""
+    by = {p["name"]: p for p in info.get("phases", [])}
+    stall = sum(float(by[n]["rpc_s"]) for n in ("prepare", "drain", "dump", "resume") if n in by)
+    own = sum(float(by[n].get("local_s", 0)) for n in ("prepare", "drain", "dump", "resume") if n in by)
+    return {
+        "stall_s": stall,
+        "protocol_s": stall - own,
+        "own_s": own,
+        "dump_own_s": float(by.get("dump", {}).get("local_s", 0)),
+        "commit_s": float(by.get("commit", {}).get("rpc_s", 0)),
+        "finalize_s": float(by.get("finalize", {}).get("rpc_s", 0)),
+    }
+
+
+def bench_ranks(base: Path, nranks: int, mib: int, nodes: Nodes | None = None) -> dict[str, float]:
+    """A job of nranks ranks of mib MiB each: checkpoint, pause, restart;
+    with nodes, spread over its namespace nodes (one agent each)."""
     w, r = raw_baseline(base, (mib << 20) * nranks)
     c = Ckptd(base / "home")
+    if nodes is not None:
+        c.env = dict(nodes.env)
     job = f"ranks-{nranks}x{mib}"
     ckpt_dir = base / "ckpt"
     c.run("ckptd", "launch", "--detach", "--job", job, "--ckpt-dir", str(ckpt_dir), "--ranks", str(nranks),
@@ -318,12 +340,40 @@ def bench_ranks(base: Path, nranks: int, mib: int) -> dict[str, float]:
     gaps()  # reset the counters
     info = c.json("ckptctl", "checkpoint", job)
     paused = gaps()
+    split = phase_split(info)
     row = kill_and_restart(c, job, info, gaps)  # every rank alive and talking after the restart
     fresh = fresh_baseline(base)
     return {
-        "mib": mib, "procs": nranks, "ranks": nranks,
-        "raw_write": w, "raw_read": r, "raw_fresh": fresh, "paused_s": paused, **row,
+        "mib": mib, "procs": nranks, "ranks": nranks, "nodes": len(nodes.names) if nodes else 1,
+        "raw_write": w, "raw_read": r, "raw_fresh": fresh, "paused_s": paused, **row, **split,
     }  # fmt: skip
+
+
+def ranks_table(rows: list[dict[str, Any]]) -> str:
+    """ranks -> what the barrier itself costs, beside the stall and the restart."""
+    head = (
+        "| ranks | nodes | MiB per rank | protocol s (stall less ranks' own) | ranks' own s (slowest, per phase) "
+        "| of which dump s | stall s | paused s (from inside) | finalize s | commit s | checkpoint s | restart s |\n"
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+    )
+    body = ""
+    for r in rows:
+        cells = [
+            str(int(r["ranks"])),
+            str(int(r["nodes"])),
+            str(r["mib"]),
+            f"{r['protocol_s']:.3f}",
+            f"{r['own_s']:.3f}",
+            f"{r['dump_own_s']:.3f}",
+            f"{r['stall_s']:.3f}",
+            f"{r['paused_s']:.3f}",
+            f"{r['finalize_s']:.3f}",
+            f"{r['commit_s']:.3f}",
+            f"{r['ckpt_s']:.2f}",
+            f"{r['restart_s']:.2f}",
+        ]
+        body += "| " + " | ".join(cells) + " |\n"
+    return head + body
 
 
 def bench_incremental(base: Path, mib: int, pct: float, rounds: int, track: str) -> dict[str, Any]:
@@ -585,6 +635,10 @@ def main() -> int:
     ap.add_argument("--ranks", default="", help="multi-node jobs of these rank counts, e.g. 1,2,4 (root)")
     ap.add_argument("--rank-mib", type=int, default=256, help="resident MiB per rank (default 256)")
     ap.add_argument(
+        "--nodes", type=int, default=0,
+        help="spread --ranks over this many namespace nodes, one agent each (0: all on this machine's agent)",
+    )  # fmt: skip
+    ap.add_argument(
         "--incremental", default="4096",
         help="incremental checkpoints of a process of this many MiB ('' for none)",
     )  # fmt: skip
@@ -624,6 +678,7 @@ def main() -> int:
         Path(args.dir).mkdir(parents=True, exist_ok=True)
     base = Path(tempfile.mkdtemp(prefix="ckptd-bench-", dir=args.dir or "/var/tmp"))
     rows = []
+    rank_rows: list[dict[str, Any]] = []
     inc_rows: list[dict[str, Any]] = []
     dedup_rows: list[dict[str, Any]] = []
     tier_rows: list[dict[str, Any]] = []
@@ -655,20 +710,31 @@ def main() -> int:
             procs, mib = (int(x) for x in tree.split("x"))
             print(f"benchmarking {procs} processes of {mib} MiB ...", file=sys.stderr, flush=True)
             rows.append(bench_size(base, mib, procs))
-        for n in (int(x) for x in filter(None, args.ranks.split(","))):
-            print(f"benchmarking {n} rank(s) of {args.rank_mib} MiB ...", file=sys.stderr, flush=True)
-            rows.append(bench_ranks(base, n, args.rank_mib))
+        rank_counts = [int(x) for x in filter(None, args.ranks.split(","))]
+        with Nodes(base, args.nodes) if args.nodes and rank_counts else contextlib.nullcontext() as nodes:
+            for n in rank_counts:
+                print(f"benchmarking {n} rank(s) of {args.rank_mib} MiB ...", file=sys.stderr, flush=True)
+                rank_rows.append(bench_ranks(base, n, args.rank_mib, nodes))
+        rows += rank_rows
         for mib in (int(x) for x in filter(None, args.dedup.split(","))):
             for on in (False, True):
                 print(f"benchmarking 2 ranks of {mib} MiB, dedup {on} ...", file=sys.stderr, flush=True)
                 dedup_rows.append(bench_dedup(base, mib, on))
         if shutil.which("dmtcp_launch"):
-            for mib in (int(s) for s in filter(None, args.sizes.split(","))):
-                print(f"benchmarking DMTCP with {mib} MiB ...", file=sys.stderr, flush=True)
+            # the same workloads under DMTCP: every size, every tree, and
+            # 2 ranks when --ranks has them (DMTCP's ranks share loopback)
+            workloads = [(int(m), 1, 0) for m in filter(None, args.sizes.split(","))]
+            workloads += [(int(t.split("x")[1]), int(t.split("x")[0]), 0) for t in filter(None, args.trees.split(","))]
+            workloads += [(args.rank_mib, 1, 2)] if 2 in rank_counts else []
+            for mib, procs, nranks in workloads:
+                print(f"benchmarking DMTCP with {procs} x {mib} MiB, {nranks} ranks ...", file=sys.stderr, flush=True)
                 try:
-                    dmtcp_rows.append(bench_dmtcp(base, mib, WORKLOAD, evict=evict, wait_line=wait_line, gap_of=gap_of))
+                    dmtcp_rows.append(
+                        bench_dmtcp(base, mib, RANK_WORKLOAD if nranks else WORKLOAD, evict=evict,
+                                    wait_line=wait_line, procs=procs, ranks=nranks)
+                    )  # fmt: skip
                 except (RuntimeError, OSError, subprocess.SubprocessError, SystemExit) as e:
-                    print(f"DMTCP with {mib} MiB failed: {e}", file=sys.stderr)
+                    print(f"DMTCP with {procs} x {mib} MiB, {nranks} ranks failed: {e}", file=sys.stderr)
         else:
             print("DMTCP not installed: no comparison", file=sys.stderr)
     finally:
@@ -680,12 +746,16 @@ def main() -> int:
         )
         shutil.rmtree(base, ignore_errors=True)
     text = table(rows, Path(args.dir or "/var/tmp")) if rows else ""
+    if rank_rows:
+        text += "\nThe barrier's own cost against the number of ranks (a full checkpoint each):\n\n" + ranks_table(
+            rank_rows
+        )
     if inc_rows:
         text += "\nIncremental checkpoints:\n\n" + incremental_table(inc_rows)
     if dedup_rows:
         text += "\nTwo data-parallel ranks with the same model:\n\n" + dedup_table(dedup_rows)
     if dmtcp_rows:
-        text += "\nDMTCP on the same workload (ratios below 1: ckptd takes less time):\n\n" + dmtcp_table(
+        text += "\nckptd beside DMTCP on the same workloads, same run (ratio ckptd/DMTCP):\n\n" + dmtcp_table(
             rows, dmtcp_rows
         )
     if enc_rows:

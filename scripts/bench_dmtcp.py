@@ -15,7 +15,9 @@ both read (their flag names differ between versions).
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -32,6 +34,49 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _tail(log: Path, n: int = 6) -> str:
+    lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+    return " | ".join(lines[-n:])
+
+
+def _clients(env: dict[str, str], running: bool = True) -> dict[int, int]:
+    """DMTCP's clients as the coordinator lists them: virtual pid -> real pid
+    (a restarted process keeps its virtual pid, not its real one).  running:
+    only those back to running (a restarting one is listed before its memory
+    and signal handlers are back: a SIGUSR1 then kills it)."""
+    argv = ["dmtcp_command", "--list"]
+    out = subprocess.run(argv, check=False, env=env, capture_output=True, text=True, timeout=30).stdout
+    found = re.findall(r"\[(\d+):(\d+)\]@[^\n]*?(WorkerState::\w+)", out)
+    return {int(v): int(r) for v, r, state in found if not running or state == "WorkerState::RUNNING"}
+
+
+def _gaps(pids: dict[int, Path], watch: subprocess.Popen[bytes], timeout: float = 120) -> float:
+    """SIGUSR1 to each process (real pid -> the log it prints to; several
+    may share one); the longest pause any of them reports.  Fails at once,
+    with the log's end, if `watch` (what started them) died: DMTCP says why
+    in the log."""
+    want: dict[Path, int] = {}
+    for log in pids.values():
+        want[log] = want.get(log, 0) + 1
+    seen = {log: len(log.read_text().splitlines()) for log in want}
+    for pid in pids:
+        os.kill(pid, signal.SIGUSR1)
+    worst = 0.0
+    deadline = time.monotonic() + timeout
+    for log, n in want.items():
+        while True:
+            found = [ln for ln in log.read_text().splitlines()[seen[log] :] if ln.startswith("max_gap_s")]
+            if len(found) >= n:
+                worst = max([worst, *(float(ln.split()[1]) for ln in found)])
+                break
+            if watch.poll() is not None and watch.returncode != 0:
+                raise RuntimeError(f"{watch.args[0]} exited with {watch.returncode}: {_tail(log)}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{n - len(found)} process(es) never reported their pause in {log}: {_tail(log)}")
+            time.sleep(0.05)
+    return worst
+
+
 def bench_dmtcp(
     base: Path,
     mib: int,
@@ -39,11 +84,16 @@ def bench_dmtcp(
     *,
     evict: Callable[[Path], None],
     wait_line: Callable[[Path, str], str],
-    gap_of: Callable[[int, Path], float],
+    procs: int = 1,
+    ranks: int = 0,
 ) -> dict[str, Any]:
     """bench.py's own helpers come in: evict a file from the page cache,
-    wait for a line of the log, ask the workload for its longest pause."""
-    work = base / f"dmtcp-{mib}"
+    wait for a line of a log.  procs > 1: a tree of that many processes
+    (bench_workload.py forks them); ranks > 0: that many ranks of
+    bench_rank_workload.py (workload), each its own dmtcp_launch, talking
+    over loopback TCP, checkpointed and restarted together."""
+    what = f"{ranks}r" if ranks else f"{procs}x"
+    work = base / f"dmtcp-{what}{mib}"
     ckpt = work / "ckpt"
     ckpt.mkdir(parents=True)
     port = str(_free_port())
@@ -57,68 +107,113 @@ def bench_dmtcp(
     )
     for var in ("LD_PRELOAD", "CKPTD_JOB", "CKPTD_SHIM_SOCKET"):
         env.pop(var, None)
-    log = work / "output.log"
     quiet: dict[str, Any] = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-    coord = subprocess.Popen(["dmtcp_coordinator", "--exit-on-last"], env=env, cwd=work, **quiet)
-    procs: list[subprocess.Popen[bytes]] = [coord]
+    # no --exit-on-last: the coordinator must outlive the job's SIGKILL, or
+    # `dmtcp_restart --join` finds none and exits ("Coordinator not found"):
+    # the restarted workload never answered, and the column stayed empty
+    coord = subprocess.Popen(["dmtcp_coordinator"], env=env, cwd=work, **quiet)
+    running: list[subprocess.Popen[bytes]] = [coord]
     try:
         time.sleep(0.5)
-        with open(log, "wb") as out:
-            job = subprocess.Popen(["dmtcp_launch", "--join", sys.executable, str(workload), str(mib)],
-                                   env=env, cwd=work, stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
-        procs.append(job)
-        wait_line(log, "ready")
+        logs: list[Path] = []
+        jobs: list[subprocess.Popen[bytes]] = []
+        for r in range(max(ranks, 1)):
+            log = work / (f"rank-{r}.log" if ranks else "output.log")
+            argv = [sys.executable, str(workload), str(mib)] + ([] if ranks else [str(procs)])
+            renv = (
+                dict(env, CKPTD_RANK=str(r), CKPTD_NRANKS=str(ranks), CKPTD_MASTER_ADDR="127.0.0.1") if ranks else env
+            )
+            with open(log, "wb") as out:
+                job = subprocess.Popen(["dmtcp_launch", "--join", *argv], env=renv, cwd=work, stdout=out,
+                                       stderr=subprocess.STDOUT)  # fmt: skip
+            jobs.append(job)
+            running.append(job)
+            logs.append(log)
+        for log in logs:
+            wait_line(log, "ready")
+        # dmtcp_launch execs the workload: its pid is the process's real one;
+        # DMTCP gives it a virtual pid (40000 on), which a restart keeps while
+        # the real one changes.  A tree's first process answers for all
+        mine = {job.pid: log for job, log in zip(jobs, logs, strict=True)}
+        first = {virt: mine[real] for virt, real in _clients(env).items() if real in mine}
+        if len(first) != len(mine):
+            raise RuntimeError(f"the DMTCP coordinator lists {len(first)} of the job's {len(mine)} first processes")
         time.sleep(1.0)
-        gap_of(job.pid, log)
+        _gaps(mine, jobs[0])
         t0 = time.monotonic()
         subprocess.run(["dmtcp_command", "--bcheckpoint"], env=env, check=True, capture_output=True, timeout=600)
         ckpt_s = time.monotonic() - t0
-        paused = gap_of(job.pid, log)
+        paused = _gaps(mine, jobs[0])
         images = sorted(ckpt.glob("ckpt_*.dmtcp"))
-        if not images:
-            raise RuntimeError(f"DMTCP wrote no ckpt_*.dmtcp in {ckpt}")
+        if len(images) != procs * max(ranks, 1):
+            raise RuntimeError(f"DMTCP wrote {len(images)} ckpt_*.dmtcp in {ckpt}, not {procs * max(ranks, 1)}")
         image = sum(img.stat().st_size for img in images)
-        job.send_signal(signal.SIGKILL)
-        job.wait()
+        for job in jobs:
+            job.send_signal(signal.SIGKILL)
+            job.wait()
+        if procs > 1:  # the tree's other processes: SIGKILL by the coordinator's list, the job's own pids
+            for real in _clients(env, running=False).values():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(real, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while _clients(env, running=False) and time.monotonic() < deadline:
+            time.sleep(0.1)
         for img in images:
             evict(img)
+        # dmtcp_restart gives the restored processes its own stdout and
+        # stderr: a job's log goes on in its log, ranks all print to one
+        restart_log = logs[0] if not ranks else work / "restart.log"
         t0 = time.monotonic()
-        with open(log, "ab") as out:
+        with open(restart_log, "ab") as out:
             restarted = subprocess.Popen(["dmtcp_restart", "--join", *map(str, images)],
                                          env=env, cwd=work, stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
-        procs.append(restarted)
-        # running again once it answers; the answer's own latency is milliseconds
-        gap_of(restarted.pid, log)
+        running.append(restarted)
+        # running again once every first process answers (the answer's own latency is milliseconds)
+        while True:
+            real = _clients(env)
+            if all(v in real for v in first):
+                break
+            if restarted.poll() is not None or time.monotonic() > t0 + 600:
+                raise RuntimeError(f"dmtcp_restart did not bring the job back: {_tail(restart_log)}")
+            time.sleep(0.02)
+        _gaps({real[v]: restart_log for v in first}, restarted)
         restart_s = time.monotonic() - t0
-        return {"mib": mib, "image": image, "ckpt_s": ckpt_s, "paused_s": paused, "restart_s": restart_s}
+        return {"mib": mib, "procs": procs, "ranks": ranks, "image": image, "ckpt_s": ckpt_s, "paused_s": paused,
+                "restart_s": restart_s}  # fmt: skip
     finally:
         subprocess.run(["dmtcp_command", "--quit"], env=env, check=False, capture_output=True, timeout=30)
-        for p in procs:
+        for p in running:
             if p.poll() is None:
                 p.kill()
                 p.wait()
 
 
+def _key(r: dict[str, Any]) -> tuple[int, int, int]:
+    """What a row measured: (MiB per process, processes in the tree, ranks)."""
+    ranks = int(r.get("ranks", 0))
+    return int(r["mib"]), 1 if ranks else int(r.get("procs", 1)), ranks
+
+
 def dmtcp_table(ckptd_rows: list[dict[str, Any]], dmtcp_rows: list[dict[str, Any]]) -> str:
-    """ckptd's figures next to DMTCP's for the same sizes, as ratios."""
+    """ckptd's figures beside DMTCP's for the same workloads, with ratios
+    (ckptd/DMTCP: below 1, ckptd takes less)."""
     head = (
-        "| resident | DMTCP checkpoint s | ckptd/DMTCP checkpoint time | DMTCP paused s | ckptd/DMTCP pause "
-        "| DMTCP image MiB | DMTCP restart s | ckptd/DMTCP restart time |\n"
-        "|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+        "| workload | checkpoint s ckptd / DMTCP | ratio | paused s ckptd / DMTCP | ratio "
+        "| image MiB ckptd / DMTCP | ratio | restart s ckptd / DMTCP | ratio |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|\n"
     )
     body = ""
-    ours = {r["mib"]: r for r in ckptd_rows if r.get("procs", 1) == 1}
+    ours = {_key(r): r for r in ckptd_rows}
     for d in dmtcp_rows:
-        c = ours.get(d["mib"])
-        cells = [
-            f"{d['mib']} MiB",
-            f"{d['ckpt_s']:.2f}",
-            f"{c['ckpt_s'] / d['ckpt_s']:.2f}" if c else "-",
-            f"{d['paused_s']:.3f}",
-            f"{c['paused_s'] / d['paused_s']:.2f}" if c else "-",
-            f"{d['image'] / 2**20:.0f}",
-            f"{d['restart_s']:.2f}",
-            f"{c['restart_s'] / d['restart_s']:.2f}" if c else "-",
-        ]
+        mib, procs, ranks = _key(d)
+        what = f"{ranks} ranks x {mib} MiB" if ranks else (f"{procs} x {mib} MiB" if procs > 1 else f"{mib} MiB")
+        c = ours.get(_key(d))
+        cells = [what]
+        for k, fmt in (("ckpt_s", ".2f"), ("paused_s", ".3f"), ("image", ".0f"), ("restart_s", ".2f")):
+            scale = 2**20 if k == "image" else 1
+            if c:
+                cells += [f"{c[k] / scale:{fmt}} / {d[k] / scale:{fmt}}", f"{c[k] / d[k]:.2f}"]
+            else:
+                cells += [f"- / {d[k] / scale:{fmt}}", "-"]
         body += "| " + " | ".join(cells) + " |\n"
     return head + body

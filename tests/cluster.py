@@ -82,9 +82,15 @@ def _kill(pids: list[int]) -> list[int]:
 class Cluster:
     """Nodes as network namespaces on one bridge; agents started and killed per node."""
 
-    def __init__(self, tmp: Path, names: list[str]) -> None:
+    def __init__(self, tmp: Path, names: list[str], prefix: str = "ckt", sweep_strays: bool = True) -> None:
+        """prefix names its namespaces (scripts/bench.py's own nodes are not a
+        test's); sweep_strays: teardown also removes rank netns that appeared
+        while it ran whose node is gone (a test's own, nobody else's then)."""
         self.tmp = tmp
         self.names = list(names)
+        self.prefix = prefix
+        self.fabric = f"{prefix}-fabric"
+        self.sweep_strays = sweep_strays
         self.agents: dict[str, subprocess.Popen[Any]] = {}
         self._logs: list[Any] = []
         self._procs: list[subprocess.Popen[Any]] = []
@@ -93,7 +99,7 @@ class Cluster:
     # -- names ------------------------------------------------------------
 
     def netns(self, name: str) -> str:
-        return f"ckt-{name}"
+        return f"{self.prefix}-{name}"
 
     def _index(self, name: str) -> int:
         return self.names.index(name) + 1
@@ -109,17 +115,17 @@ class Cluster:
     def setup_network(self) -> None:
         NETNS_DIR.mkdir(parents=True, exist_ok=True)
         self._ck_before = {p.name for p in NETNS_DIR.glob("ck-*")}
-        for ns in (FABRIC, *(self.netns(n) for n in self.names)):
+        for ns in (self.fabric, *(self.netns(n) for n in self.names)):
             _ip("netns", "del", ns, check=False)  # left over from a crashed run
-        _ip("netns", "add", FABRIC)
-        _ip("-n", FABRIC, "link", "add", BRIDGE, "type", "bridge")
-        _ip("-n", FABRIC, "link", "set", BRIDGE, "up")
+        _ip("netns", "add", self.fabric)
+        _ip("-n", self.fabric, "link", "add", BRIDGE, "type", "bridge")
+        _ip("-n", self.fabric, "link", "set", BRIDGE, "up")
         for name in self.names:
             ns, port = self.netns(name), self._port(name)
             _ip("netns", "add", ns)
-            _ip("-n", FABRIC, "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", ns)
-            _ip("-n", FABRIC, "link", "set", port, "master", BRIDGE)
-            _ip("-n", FABRIC, "link", "set", port, "up")
+            _ip("-n", self.fabric, "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", ns)
+            _ip("-n", self.fabric, "link", "set", port, "master", BRIDGE)
+            _ip("-n", self.fabric, "link", "set", port, "up")
             _ip("-n", ns, "link", "set", "lo", "up")
             _ip("-n", ns, "addr", "add", f"{self.node_ip(name)}/24", "dev", "eth0")
             _ip("-n", ns, "link", "set", "eth0", "up")
@@ -180,7 +186,7 @@ class Cluster:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     p.wait(timeout=5)
         # Deleting the fabric end destroys the pair, so the node's eth0 goes too.
-        _ip("-n", FABRIC, "link", "del", self._port(name), check=False)
+        _ip("-n", self.fabric, "link", "del", self._port(name), check=False)
         log.info("node %s killed: pids %s", name, killed)
         return killed
 
@@ -197,11 +203,12 @@ class Cluster:
                 with contextlib.suppress(Exception):
                     ranks.update(self._rank_netns(n))
             # Rank netns whose node veth is already gone (killed node, moved rank) but that appeared meanwhile.
-            ranks.update(p.name for p in NETNS_DIR.glob("ck-*") if p.name not in self._ck_before)
+            if self.sweep_strays:
+                ranks.update(p.name for p in NETNS_DIR.glob("ck-*") if p.name not in self._ck_before)
             for agent in list(self.agents.values()):
                 _kill_tree(agent.pid)
             self.agents.clear()
-            ids = {nsid for ns in (FABRIC, *ours, *ranks) if (nsid := _ns_id(str(NETNS_DIR / ns))) is not None}
+            ids = {nsid for ns in (self.fabric, *ours, *ranks) if (nsid := _ns_id(str(NETNS_DIR / ns))) is not None}
             for pid in _pids_in_netns(ids):
                 _kill_tree(pid)
             for p in self._procs:
@@ -212,7 +219,7 @@ class Cluster:
                     for pipe in (p.stdin, p.stdout, p.stderr):
                         if pipe is not None:
                             pipe.close()
-            for ns in (*sorted(ranks), *ours, FABRIC):
+            for ns in (*sorted(ranks), *ours, self.fabric):
                 if os.path.lexists(NETNS_DIR / ns) and _ip("netns", "del", ns, check=False).returncode != 0:
                     with contextlib.suppress(OSError):
                         (NETNS_DIR / ns).unlink()  # a stale file whose mount is gone

@@ -154,6 +154,17 @@ class Chain:
 
 
 @dataclass
+class Phase:
+    """One phase of the round that made the checkpoint ("phases", in order:
+    reserve, prepare, drain, dump, resume, finalize, commit).  Back to back,
+    they add up to timings.total_s; prepare to resume is the stall."""
+
+    name: str
+    rpc_s: float  # at the coordinator: the whole phase, every rank's RPC in it
+    local_s: float  # inside the agents: the slowest rank's own time in it (0: no rank takes part)
+
+
+@dataclass
 class Manifest:
     """manifest.json before write_manifest adds schema, MAC and digest."""
 
@@ -177,6 +188,7 @@ class Manifest:
     # rounds the checkpoint took: the ones before it were aborted on a passing
     # state and run again (coordinator/barrier.py)
     attempts: int = 1
+    phases: list[Phase] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -188,6 +200,9 @@ class Manifest:
             "timings": {k: round(v, 6) for k, v in self.timings.items()},
             "sizes": asdict(self.sizes),
             "attempts": self.attempts,
+            "phases": [
+                {"name": p.name, "rpc_s": round(p.rpc_s, 6), "local_s": round(p.local_s, 6)} for p in self.phases
+            ],
         }
         if self.part is not None:
             part = self.part.to_json()
@@ -215,15 +230,18 @@ def _digest(manifest: dict[str, Any]) -> str:
     return xxhash.xxh3_128_hexdigest(_canonical(manifest, "digest"))
 
 
-def write_manifest(directory: Path, manifest: dict[str, Any], key: bytes | None = None) -> None:
+def write_manifest(directory: Path, manifest: dict[str, Any], key: bytes | None = None) -> bytes:
     """Sealed with key (default: the daemon's, seal.key()); a new file, 0600,
-    never through a symlink, durable with its directory entry."""
+    never through a symlink, durable with its directory entry.  Returns the
+    bytes written (a job's manifest lists its ranks' without reading them back)."""
     manifest = {k: v for k, v in manifest.items() if k not in ("digest", MAC)}
     manifest["schema"] = SCHEMA
     manifest[MAC] = seal.mac(key if key is not None else seal.key(), _canonical(manifest))
     manifest["digest"] = _digest(manifest)
-    create_file(directory / MANIFEST, (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
+    data = (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()
+    create_file(directory / MANIFEST, data)
     fsync_path(directory)  # its name too, before the commit's rename makes the directory count
+    return data
 
 
 def load_manifest(directory: Path, key: bytes | None = None, *, authenticate: bool = True) -> dict[str, Any]:

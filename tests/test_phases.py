@@ -1,0 +1,76 @@
+"""Every checkpoint records its round's phases (reserve, prepare, drain,
+dump, resume, finalize, commit): each one's time at the coordinator and the
+slowest rank's own time in it, in its manifest and in `ckptctl list --json`.
+Back to back, they add up to the checkpoint's duration; prepare to resume
+is its stall."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import PYTHON, Ckptd
+
+PHASES = ["reserve", "prepare", "drain", "dump", "resume", "finalize", "commit"]
+STALL = PHASES[1:5]
+RANK_WORK = ["prepare", "drain", "dump", "resume", "finalize"]  # where the agents take part
+
+
+def check_phases(info: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Sane phases in a CheckpointInfo's JSON; by name."""
+    phases = info.get("phases")
+    assert phases and [p["name"] for p in phases] == PHASES, info
+    by = {p["name"]: {"rpc_s": float(p["rpc_s"]), "local_s": float(p["local_s"])} for p in phases}
+    for name, p in by.items():
+        assert p["rpc_s"] >= 0 and p["local_s"] >= 0, (name, p)
+        # an agent's own time is inside the coordinator's RPC (rounding: 1 µs)
+        assert p["local_s"] <= p["rpc_s"] + 2e-6, (name, p)
+        if name in RANK_WORK:
+            assert p["local_s"] > 0, (name, p)  # the agents answered with their own time
+        else:
+            assert p["local_s"] == 0, (name, p)  # the coordinator's alone
+    assert by["dump"]["local_s"] > 0.001, by  # writing the images takes a rank some time
+    total = sum(p["rpc_s"] for p in by.values())
+    assert abs(total - float(info["duration_s"])) < 1e-4, (total, info["duration_s"])
+    stall = sum(by[n]["rpc_s"] for n in STALL)
+    assert abs(stall - float(info["stall_s"])) < 1e-4, (stall, info["stall_s"])
+    return by
+
+
+def manifest(path: str | Path) -> dict[str, Any]:
+    return json.loads((Path(path) / "manifest.json").read_text())
+
+
+def test_single_process_checkpoint_records_its_phases(ckptd: Ckptd, counter: Path) -> None:
+    ckptd.launch("ph", [PYTHON, str(counter), "400"])
+    ckptd.wait_log("ph", r"^tick 3$")
+    taken = ckptd.checkpoint("ph")
+    listed = {c["name"]: c for c in ckptd.ctl_json("list", "ph")}[taken["name"]]
+    by = check_phases(listed)
+    m = manifest(taken["path"])
+    assert [p["name"] for p in m["phases"]] == PHASES
+    assert m["timings"]["protocol_s"] >= 0
+    assert m["timings"]["protocol_s"] <= m["timings"]["stall_s"]
+    assert abs(m["timings"]["dump_s"] - by["dump"]["rpc_s"]) < 1e-5
+    ckptd.ctl("kill", "ph")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="ranks live in network namespaces: root")
+def test_two_ranks_record_the_slowest_ranks_time(ckptd: Ckptd, counter: Path) -> None:
+    ckptd.launch("phr", [PYTHON, str(counter), "400"], "--ranks", "2")
+    ckptd.wait_log("phr", r"^tick 3$")
+    taken = ckptd.checkpoint("phr")
+    listed = {c["name"]: c for c in ckptd.ctl_json("list", "phr")}[taken["name"]]
+    by = check_phases(listed)
+    # each rank's own manifest holds the round up to its finalize; the
+    # slowest rank's dump time is the job's
+    dumps = []
+    for r in (0, 1):
+        part = manifest(Path(taken["path"]) / f"rank-{r}")
+        assert [p["name"] for p in part["phases"]] == PHASES[:-1], part["phases"]
+        dumps.append(max(p["dump_s"] for p in part["processes"]))
+    assert by["dump"]["local_s"] >= max(dumps) - 1e-6, (by["dump"], dumps)
+    ckptd.ctl("kill", "phr")
