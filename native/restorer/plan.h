@@ -68,6 +68,8 @@ void op_sockbuf(const struct line *l);
 /* plan_shm.c */
 void op_shm(const struct line *l);
 void op_shmfill(const struct line *l);
+/* plan_deleted.c */
+void op_deleted(const struct line *l);
 /* plan_file.c */
 void op_file(const struct line *l);
 void op_fileshm(const struct line *l);

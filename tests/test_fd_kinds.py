@@ -1,0 +1,60 @@
+"""Descriptor kinds that come back exactly, or are refused (issue 19).
+
+tests/workloads/fd_kinds.c sets one kind up and checks it from inside at
+every step, while the job is checkpointed, killed and restarted
+(conftest.exact_round_trip): its output must be an uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import Ckptd, compile_workload, exact_round_trip
+from test_bad_input import assert_refused
+
+
+@pytest.fixture(scope="module")
+def exe(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return compile_workload(tmp_path_factory, "fd_kinds")
+
+
+def _round_trip(c: Ckptd, exe: str, mode: str, tmp_path: Path) -> None:
+    exact_round_trip(c, mode, [exe, "30", mode, str(tmp_path)])
+
+
+def _refused(c: Ckptd, exe: str, mode: str, tmp_path: Path, *words: str) -> None:
+    c.launch(mode, [exe, "100", mode, str(tmp_path)])
+    c.wait_log(mode, r"^step 2 ok")
+    assert_refused(c, mode, *words)
+
+
+def test_deleted_files(ckptd: Ckptd, exe: str, tmp_path: Path) -> None:
+    """Open files whose names were removed, not on tmpfs: contents (a hole
+    too), mode, offsets of two descriptions and of one a child shares, one
+    inode for all of them, made again at the old path; one whose path a new
+    file took is made beside it."""
+    _round_trip(ckptd, exe, "deleted", tmp_path)
+
+
+def test_deleted_working_directory_and_open_directory(ckptd: Ckptd, exe: str, tmp_path: Path) -> None:
+    _round_trip(ckptd, exe, "dirs", tmp_path)
+
+
+def test_deleted_name_of_a_file_with_other_links_refused(ckptd: Ckptd, exe: str, tmp_path: Path) -> None:
+    """A copy would no longer share writes with the file's other name."""
+    _refused(ckptd, exe, "hardlink", tmp_path, "other hard links")
+
+
+def test_timerfd(ckptd: Ckptd, exe: str, tmp_path: Path) -> None:
+    """Clock, flags, interval, the time left (relative) and an expiration not read."""
+    _round_trip(ckptd, exe, "timerfd", tmp_path)
+
+
+def test_timerfd_cancel_on_set_refused(ckptd: Ckptd, exe: str, tmp_path: Path) -> None:
+    _refused(ckptd, exe, "cancel", tmp_path, "TFD_TIMER_CANCEL_ON_SET")
+
+
+def test_signalfd(ckptd: Ckptd, exe: str, tmp_path: Path) -> None:
+    """Masks and flags; a signal pending since before the checkpoint is still readable."""
+    _round_trip(ckptd, exe, "signalfd", tmp_path)

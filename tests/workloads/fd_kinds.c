@@ -1,0 +1,412 @@
+/*
+ * Descriptor kinds ckptd saves and restores exactly (issue 19;
+ * tests/test_fd_kinds.py).  argv: STEPS MODE DIR, where MODE is
+ *   deleted    open files whose names were removed (not on tmpfs): one held
+ *              by two descriptions and shared with a child (offset, contents,
+ *              mode, link count 0, both see one inode), one whose path was
+ *              taken again by a new file
+ *   dirs       a working directory and an open directory that were removed
+ *   hardlink   a deleted name of a file that has another link (refused)
+ *   timerfd    timerfds on several clocks: armed one-shot, periodic, expired
+ *              with an expiration not read, disarmed with an interval
+ *   cancel     a timerfd with TFD_TIMER_CANCEL_ON_SET (refused)
+ *   signalfd   signalfds with their masks and flags; a signal pending for one
+ * Its files go to a new directory under DIR (on the test's file system).
+ */
+#define _GNU_SOURCE
+#include "state_check.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdint.h>
+#include <linux/magic.h>
+#include <sys/signalfd.h>
+#include <sys/statfs.h>
+#include <sys/stat.h>
+#include <sys/timerfd.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static char dir[2048];
+static char path_buf[2200];
+
+static const char *in_dir(const char *name)
+{
+    snprintf(path_buf, sizeof(path_buf), "%s/%s", dir, name);
+    return path_buf;
+}
+
+/* the target of /proc/self/fd/FD (or /proc/self/cwd when fd < 0) */
+static const char *link_of(int fd)
+{
+    static char target[4096];
+    char p[64];
+    if (fd < 0)
+        snprintf(p, sizeof(p), "/proc/self/cwd");
+    else
+        snprintf(p, sizeof(p), "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(p, target, sizeof(target) - 1);
+    CHECK(n > 0, "readlink %s", p);
+    target[n] = 0;
+    return target;
+}
+
+/* a "key: value" of /proc/self/fdinfo/FD */
+static unsigned long long fdinfo(int fd, const char *key, int base)
+{
+    char p[64], text[4096];
+    snprintf(p, sizeof(p), "/proc/self/fdinfo/%d", fd);
+    FILE *f = fopen(p, "r");
+    CHECK(f, "open %s", p);
+    size_t n = fread(text, 1, sizeof(text) - 1, f);
+    fclose(f);
+    text[n] = 0;
+    char *at = strstr(text, key);
+    CHECK(at, "fdinfo %d has no %s", fd, key);
+    return strtoull(at + strlen(key), 0, base);
+}
+
+static int nsteps;
+
+/* ---- deleted ---- */
+
+#define BIG_HOLE (1 << 20)
+static int del_rw, del_ro, del_taken, taken_new;
+static pid_t del_child;
+static char del_link[4096], taken_prefix[4096];
+
+static void pattern_at(int fd, off_t off, char c, size_t n)
+{
+    char buf[4096];
+    memset(buf, c, n);
+    CHECK(pwrite(fd, buf, n, off) == (ssize_t)n, "pwrite %c", c);
+}
+
+static void expect_at(int fd, off_t off, char c, size_t n)
+{
+    char buf[4096];
+    CHECK(pread(fd, buf, n, off) == (ssize_t)n, "pread %c", c);
+    for (size_t i = 0; i < n; i++)
+        CHECK(buf[i] == c, "byte %zu at %lld is %d, not %c", i, (long long)off, buf[i], c);
+}
+
+/* the inode both descriptions see: the same one, after a restart too */
+static ino_t ino_of(int fd)
+{
+    struct stat st;
+    CHECK(fstat(fd, &st) == 0, "fstat");
+    return st.st_ino;
+}
+
+static void check_deleted_common(int fd)
+{
+    struct stat st;
+    CHECK(fstat(fd, &st) == 0, "fstat");
+    CHECK(st.st_nlink == 0, "link count %lu", (unsigned long)st.st_nlink);
+    CHECK((st.st_mode & 07777) == 0640, "mode %o", st.st_mode & 07777);
+    expect_at(fd, 0, 'a', 100);
+    expect_at(fd, BIG_HOLE, 'z', 10);
+}
+
+static void setup_deleted(void)
+{
+    CHECK(strlen(dir) < 2000, "a shorter DIR");
+    strcat(dir, "/sub");
+    const char *sub = dir;
+    CHECK(mkdir(sub, 0755) == 0, "mkdir");
+    struct statfs sfs;
+    CHECK(statfs(sub, &sfs) == 0 && sfs.f_type != TMPFS_MAGIC, "%s is on tmpfs (a deleted file there is shared memory)",
+          sub);
+    del_rw = open(in_dir("data"), O_RDWR | O_CREAT | O_EXCL, 0600);
+    CHECK(del_rw >= 0, "create data");
+    CHECK(fchmod(del_rw, 0640) == 0, "chmod");
+    pattern_at(del_rw, 0, 'a', 100);
+    pattern_at(del_rw, BIG_HOLE, 'z', 10);
+    del_ro = open(in_dir("data"), O_RDONLY | O_NONBLOCK);
+    CHECK(del_ro >= 0, "open data again");
+    CHECK(lseek(del_rw, 100, SEEK_SET) == 100, "seek");
+    CHECK(lseek(del_ro, 50, SEEK_SET) == 50, "seek");
+    snprintf(del_link, sizeof(del_link), "%s (deleted)", in_dir("data"));
+    CHECK(unlink(in_dir("data")) == 0, "unlink");
+
+    /* removed, then its path taken by another file */
+    del_taken = open(in_dir("taken"), O_RDWR | O_CREAT | O_EXCL | O_APPEND, 0600);
+    CHECK(del_taken >= 0, "create taken");
+    CHECK(write(del_taken, "old", 3) == 3, "write taken");
+    CHECK(unlink(in_dir("taken")) == 0, "unlink taken");
+    taken_new = open(in_dir("taken"), O_RDWR | O_CREAT | O_EXCL, 0600);
+    CHECK(taken_new >= 0 && write(taken_new, "new", 3) == 3, "the new taken");
+    snprintf(taken_prefix, sizeof(taken_prefix), "%s", in_dir("taken"));
+
+    /* a child holding the same description: it reads what the parent writes */
+    del_child = fork();
+    CHECK(del_child >= 0, "fork");
+    if (del_child == 0) {
+        for (int i = 0; i < nsteps; i++) {
+            struct stat cs;
+            if (fstat(del_rw, &cs) < 0 || cs.st_nlink != 0 || cs.st_ino != ino_of(del_ro))
+                _exit(2);
+            char c;
+            if (pread(del_rw, &c, 1, 0) != 1 || c != 'a')
+                _exit(3);
+            step_sleep_ms(100);
+        }
+        /* the parent's writes moved the offset they share */
+        off_t at = lseek(del_rw, 0, SEEK_CUR);
+        _exit(at > 100 ? 0 : 4);
+    }
+}
+
+static void check_deleted(int step)
+{
+    check_deleted_common(del_rw);
+    check_deleted_common(del_ro);
+    CHECK(ino_of(del_rw) == ino_of(del_ro), "two inodes");
+    CHECK(!strcmp(link_of(del_rw), del_link), "fd link %s", link_of(del_rw));
+    CHECK(lseek(del_ro, 0, SEEK_CUR) == 50, "second description's offset");
+    CHECK((fcntl(del_ro, F_GETFL) & (O_ACCMODE | O_NONBLOCK)) == (O_RDONLY | O_NONBLOCK), "flags");
+    CHECK((fcntl(del_rw, F_GETFL) & O_ACCMODE) == O_RDWR, "flags");
+    /* one write per step through the shared description, read by the other */
+    off_t at = lseek(del_rw, 0, SEEK_CUR);
+    CHECK(at == 100 + step - 1, "offset %lld at step %d", (long long)at, step);
+    char c = (char)('A' + step % 26);
+    CHECK(write(del_rw, &c, 1) == 1, "write");
+    expect_at(del_ro, at, c, 1);
+    /* the removed file whose path is taken: its own contents, no name */
+    char buf[8] = {0};
+    CHECK(pread(del_taken, buf, 3, 0) == 3 && !memcmp(buf, "old", 3), "taken contents %s", buf);
+    CHECK(pread(taken_new, buf, 3, 0) == 3 && !memcmp(buf, "new", 3), "new contents %s", buf);
+    const char *l = link_of(del_taken);
+    CHECK(!strncmp(l, taken_prefix, strlen(taken_prefix)) && strstr(l, " (deleted)"), "taken link %s", l);
+    CHECK(fcntl(del_taken, F_GETFL) & O_APPEND, "O_APPEND");
+    struct stat st;
+    CHECK(fstat(del_taken, &st) == 0 && st.st_nlink == 0 && st.st_size == 3, "taken stat");
+    if (step == nsteps) {
+        int status;
+        CHECK(waitpid(del_child, &status, 0) == del_child, "wait");
+        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child status %#x", status);
+    }
+}
+
+/* ---- dirs ---- */
+
+static int ddir;
+static char cwd_link[4096], ddir_link[4096];
+
+static void setup_dirs(void)
+{
+    CHECK(mkdir(in_dir("cwd"), 0750) == 0, "mkdir cwd");
+    CHECK(chmod(in_dir("cwd"), 0751) == 0, "chmod cwd");
+    snprintf(cwd_link, sizeof(cwd_link), "%s (deleted)", in_dir("cwd"));
+    CHECK(chdir(in_dir("cwd")) == 0, "chdir");
+    CHECK(rmdir(in_dir("cwd")) == 0, "rmdir cwd");
+    CHECK(mkdir(in_dir("open"), 0700) == 0, "mkdir open");
+    CHECK(chmod(in_dir("open"), 0705) == 0, "chmod open");
+    ddir = open(in_dir("open"), O_RDONLY | O_DIRECTORY);
+    CHECK(ddir >= 0, "open dir");
+    snprintf(ddir_link, sizeof(ddir_link), "%s (deleted)", in_dir("open"));
+    CHECK(rmdir(in_dir("open")) == 0, "rmdir open");
+}
+
+static void check_dirs(int step)
+{
+    (void)step;
+    struct stat st;
+    CHECK(!strcmp(link_of(-1), cwd_link), "cwd %s", link_of(-1));
+    CHECK(stat(".", &st) == 0 && S_ISDIR(st.st_mode) && st.st_nlink == 0, "cwd stat");
+    CHECK((st.st_mode & 07777) == 0751, "cwd mode %o", st.st_mode & 07777);
+    errno = 0;
+    CHECK(open("x", O_CREAT | O_RDWR, 0600) < 0 && errno == ENOENT, "a file made in a removed cwd");
+    CHECK(!strcmp(link_of(ddir), ddir_link), "dir %s", link_of(ddir));
+    CHECK(fstat(ddir, &st) == 0 && S_ISDIR(st.st_mode) && st.st_nlink == 0, "dir stat");
+    CHECK((st.st_mode & 07777) == 0705, "dir mode %o", st.st_mode & 07777);
+    errno = 0;
+    CHECK(openat(ddir, "x", O_CREAT | O_RDWR, 0600) < 0 && errno == ENOENT, "a file made in a removed dir");
+}
+
+/* ---- hardlink ---- */
+
+static int linked;
+
+static void setup_hardlink(void)
+{
+    linked = open(in_dir("a"), O_RDWR | O_CREAT | O_EXCL, 0600);
+    CHECK(linked >= 0, "create a");
+    char a[2200];
+    snprintf(a, sizeof(a), "%s", in_dir("a"));
+    CHECK(link(a, in_dir("b")) == 0, "link");
+    CHECK(unlink(in_dir("a")) == 0, "unlink");
+}
+
+static void check_hardlink(int step)
+{
+    (void)step;
+    struct stat st;
+    CHECK(fstat(linked, &st) == 0 && st.st_nlink == 1, "link count");
+}
+
+/* ---- timerfd ---- */
+
+#define MS 1000000L
+static int t_once, t_periodic, t_expired, t_disarmed, t_cancel;
+
+static int make_timer(int clock, int flags, long value_ns, long interval_ns)
+{
+    int fd = timerfd_create(clock, flags);
+    CHECK(fd >= 0, "timerfd_create %d", clock);
+    struct itimerspec its = {{interval_ns / 1000000000L, interval_ns % 1000000000L},
+                             {value_ns / 1000000000L, value_ns % 1000000000L}};
+    CHECK(timerfd_settime(fd, 0, &its, 0) == 0, "timerfd_settime");
+    return fd;
+}
+
+static long long ns_of(struct timespec t)
+{
+    return t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+static void setup_timerfd(void)
+{
+    t_once = make_timer(CLOCK_MONOTONIC, TFD_NONBLOCK, 1000000 * MS, 0);
+    t_periodic = make_timer(CLOCK_REALTIME, TFD_NONBLOCK | TFD_CLOEXEC, 30 * MS, 30 * MS);
+    t_expired = make_timer(CLOCK_BOOTTIME, 0, 1, 0);
+    step_sleep_ms(5);
+    t_disarmed = make_timer(CLOCK_MONOTONIC, TFD_CLOEXEC, 0, 7 * MS);
+}
+
+static void check_timerfd(int step)
+{
+    (void)step;
+    struct itimerspec its;
+    CHECK(timerfd_gettime(t_once, &its) == 0, "gettime");
+    CHECK(ns_of(its.it_interval) == 0, "one-shot interval");
+    long long left = ns_of(its.it_value);
+    CHECK(left > 990000 * MS && left <= 1000000 * MS, "one-shot left %lld", left);
+    CHECK(fdinfo(t_once, "clockid:", 10) == CLOCK_MONOTONIC, "clock");
+    CHECK((fcntl(t_once, F_GETFL) & O_NONBLOCK) && !(fcntl(t_once, F_GETFD) & FD_CLOEXEC), "flags");
+
+    CHECK(timerfd_gettime(t_periodic, &its) == 0, "gettime");
+    CHECK(ns_of(its.it_interval) == 30 * MS, "periodic interval %lld", ns_of(its.it_interval));
+    CHECK(ns_of(its.it_value) > 0 && ns_of(its.it_value) <= 30 * MS, "periodic left %lld", ns_of(its.it_value));
+    CHECK(fdinfo(t_periodic, "clockid:", 10) == CLOCK_REALTIME, "clock");
+    CHECK((fcntl(t_periodic, F_GETFL) & O_NONBLOCK) && (fcntl(t_periodic, F_GETFD) & FD_CLOEXEC), "flags");
+    struct pollfd pp = {t_periodic, POLLIN, 0};
+    CHECK(poll(&pp, 1, 1000) == 1, "periodic expires");
+    uint64_t ticks = 0;
+    CHECK(read(t_periodic, &ticks, sizeof(ticks)) == sizeof(ticks) && ticks >= 1, "periodic ticks %llu",
+          (unsigned long long)ticks);
+
+    /* expired once, never read: one expiration waiting */
+    CHECK(fdinfo(t_expired, "ticks:", 10) == 1, "expired ticks %llu", fdinfo(t_expired, "ticks:", 10));
+    CHECK(fdinfo(t_expired, "clockid:", 10) == CLOCK_BOOTTIME, "clock");
+    CHECK(timerfd_gettime(t_expired, &its) == 0 && ns_of(its.it_value) == 0, "expired left");
+    struct pollfd p = {t_expired, POLLIN, 0};
+    CHECK(poll(&p, 1, 0) == 1 && (p.revents & POLLIN), "expired readable");
+
+    CHECK(timerfd_gettime(t_disarmed, &its) == 0, "gettime");
+    CHECK(ns_of(its.it_value) == 0 && ns_of(its.it_interval) == 7 * MS, "disarmed %lld %lld", ns_of(its.it_value),
+          ns_of(its.it_interval));
+    CHECK(fdinfo(t_disarmed, "ticks:", 10) == 0, "disarmed ticks");
+    CHECK(!(fcntl(t_disarmed, F_GETFL) & O_NONBLOCK) && (fcntl(t_disarmed, F_GETFD) & FD_CLOEXEC), "flags");
+}
+
+static void setup_cancel(void)
+{
+    t_cancel = timerfd_create(CLOCK_REALTIME, 0);
+    CHECK(t_cancel >= 0, "timerfd_create");
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    struct itimerspec its = {{0, 0}, {now.tv_sec + 100000, 0}};
+    CHECK(timerfd_settime(t_cancel, TFD_TIMER_ABSTIME | TFD_TIMER_CANCEL_ON_SET, &its, 0) == 0, "settime");
+}
+
+static void check_cancel(int step)
+{
+    (void)step;
+    struct itimerspec its;
+    CHECK(timerfd_gettime(t_cancel, &its) == 0 && its.it_value.tv_sec > 0, "armed");
+}
+
+/* ---- signalfd ---- */
+
+static int s_usr, s_pending;
+static sigset_t usr_mask, pending_mask;
+
+static void setup_signalfd(void)
+{
+    sigset_t block;
+    sigemptyset(&usr_mask);
+    sigaddset(&usr_mask, SIGUSR1);
+    sigaddset(&usr_mask, SIGRTMIN + 2);
+    sigemptyset(&pending_mask);
+    sigaddset(&pending_mask, SIGUSR2);
+    sigemptyset(&block);
+    sigaddset(&block, SIGUSR1);
+    sigaddset(&block, SIGUSR2);
+    sigaddset(&block, SIGRTMIN + 2);
+    CHECK(sigprocmask(SIG_BLOCK, &block, 0) == 0, "block");
+    s_usr = signalfd(-1, &usr_mask, SFD_NONBLOCK | SFD_CLOEXEC);
+    s_pending = signalfd(-1, &pending_mask, 0);
+    CHECK(s_usr >= 0 && s_pending >= 0, "signalfd");
+    CHECK(raise(SIGUSR2) == 0, "raise");
+}
+
+static unsigned long long mask_bits(const sigset_t *s)
+{
+    unsigned long long bits = 0;
+    for (int sig = 1; sig <= 64; sig++)
+        if (sigismember(s, sig) == 1)
+            bits |= 1ull << (sig - 1);
+    return bits;
+}
+
+static void check_signalfd(int step)
+{
+    CHECK(fdinfo(s_usr, "sigmask:", 16) == mask_bits(&usr_mask), "mask %llx", fdinfo(s_usr, "sigmask:", 16));
+    CHECK(fdinfo(s_pending, "sigmask:", 16) == mask_bits(&pending_mask), "mask");
+    CHECK((fcntl(s_usr, F_GETFL) & O_NONBLOCK) && (fcntl(s_usr, F_GETFD) & FD_CLOEXEC), "flags");
+    CHECK(!(fcntl(s_pending, F_GETFL) & O_NONBLOCK) && !(fcntl(s_pending, F_GETFD) & FD_CLOEXEC), "flags");
+    /* a signal sent now is read from it, then nothing */
+    int sig = step % 2 ? SIGUSR1 : SIGRTMIN + 2;
+    CHECK(raise(sig) == 0, "raise");
+    struct signalfd_siginfo si;
+    CHECK(read(s_usr, &si, sizeof(si)) == sizeof(si) && (int)si.ssi_signo == sig, "read %d", (int)si.ssi_signo);
+    errno = 0;
+    CHECK(read(s_usr, &si, sizeof(si)) < 0 && errno == EAGAIN, "nothing more");
+    /* SIGUSR2, pending since the start, is readable from the other */
+    struct pollfd p = {s_pending, POLLIN, 0};
+    CHECK(poll(&p, 1, 0) == 1 && (p.revents & POLLIN), "pending SIGUSR2");
+}
+
+int main(int argc, char **argv)
+{
+    nsteps = steps_of(argc, argv);
+    CHECK(argc > 3, "usage: fd_kinds STEPS MODE DIR");
+    const char *mode = argv[2];
+    /* a directory of its own: the reference run runs alongside */
+    snprintf(dir, sizeof(dir), "%s/fd_kinds-XXXXXX", argv[3]);
+    CHECK(mkdtemp(dir), "mkdtemp in %s", argv[3]);
+    void (*check)(int) = 0;
+    if (!strcmp(mode, "deleted")) {
+        setup_deleted();
+        check = check_deleted;
+    } else if (!strcmp(mode, "dirs")) {
+        setup_dirs();
+        check = check_dirs;
+    } else if (!strcmp(mode, "hardlink")) {
+        setup_hardlink();
+        check = check_hardlink;
+    } else if (!strcmp(mode, "timerfd")) {
+        setup_timerfd();
+        check = check_timerfd;
+    } else if (!strcmp(mode, "cancel")) {
+        setup_cancel();
+        check = check_cancel;
+    } else if (!strcmp(mode, "signalfd")) {
+        setup_signalfd();
+        check = check_signalfd;
+    }
+    CHECK(check, "unknown mode %s", mode);
+    return run_steps(nsteps, check);
+}
