@@ -123,30 +123,6 @@ static int reopen_object(const struct ck_fd *f, uint32_t kind, const char *path)
     return tmp;
 }
 
-/* a timerfd on its clock, with the time that was left at the checkpoint
- * (relative), its interval, then its expirations not read yet: set last,
- * as timerfd_settime counts them again from 0 */
-static int timerfd(const struct ck_fd *f)
-{
-    int tmp = scratch_fd(ck_sc2(SYS_timerfd_create, f->clockid, O_CLOEXEC), "cannot create a timerfd", 0);
-    struct {
-        int64_t interval_sec, interval_nsec, value_sec, value_nsec;
-    } its = {(int64_t)(f->it_interval_ns / 1000000000ull), (int64_t)(f->it_interval_ns % 1000000000ull),
-             (int64_t)(f->it_value_ns / 1000000000ull), (int64_t)(f->it_value_ns % 1000000000ull)};
-    long rc = ck_sc4(SYS_timerfd_settime, tmp, 0, &its, 0);
-    if (rc < 0)
-        rst_fail("cannot set a timerfd again (timerfd_settime)", 0, rc);
-    if (f->ticks) {
-        uint64_t ticks = f->ticks;
-        rc = ck_ioctl(tmp, 0x40085400 /* TFD_IOC_SET_TICKS */, &ticks);
-        if (rc < 0)
-            rst_fail("cannot give a timerfd its expirations not read yet (TFD_IOC_SET_TICKS needs a kernel "
-                     "built with CONFIG_CHECKPOINT_RESTORE)",
-                     0, rc);
-    }
-    return tmp;
-}
-
 void rst_restore_fds(const struct rst_image *im)
 {
     for (uint32_t i = 0; i < im->nfds; i++) {
@@ -223,13 +199,12 @@ void rst_restore_fds(const struct rst_image *im)
             tmp = scratch_fd(ck_epoll_create1(O_CLOEXEC), "cannot create an epoll instance", 0);
             break;
         case CK_FD_TIMERFD:
-            tmp = timerfd(f);
+            tmp = scratch_fd(rst_make_timerfd(f->clockid, f->it_interval_ns, f->it_value_ns, f->ticks),
+                             "cannot create a timerfd", 0);  /* plan_timerfd.c */
             break;
-        case CK_FD_SIGNALFD: {
-            uint64_t mask = f->sigmask;
-            tmp = scratch_fd(ck_sc4(SYS_signalfd4, -1, &mask, sizeof(mask), O_CLOEXEC), "cannot create a signalfd", 0);
+        case CK_FD_SIGNALFD:
+            tmp = scratch_fd(rst_make_signalfd(f->sigmask), "cannot create a signalfd", 0);  /* plan_signalfd.c */
             break;
-        }
         case CK_FD_DUP:
             continue;
         default:

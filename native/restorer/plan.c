@@ -56,6 +56,8 @@
  *                desc SLOT PID FD               process PID's descriptor FD is that object
  *                                               (a key only: fds.c takes it)
  *   plan_eventfd.c  eventfd SLOT COUNT SEMAPHORE   an eventfd several processes share
+ *   plan_timerfd.c  timerfd SLOT CLOCK INTERVAL_NS VALUE_NS TICKS   a timerfd several processes share
+ *   plan_signalfd.c signalfd SLOT MASK           a signalfd several processes share
  *   plan_tree.c  proc PID PPID PGID SID DIR     zombie PID PPID PGID SID WSTATUS
  *                helper PID SID                 a session or group whose leader had exited:
  *                                               made again by a temporary child of init
@@ -309,6 +311,8 @@ static void fill_ops(void)
     OP("desc", 0, KEY(RST_KEY_DESC, 1, 2, 3));
     /* plan_eventfd.c */
     OP("eventfd", op_eventfd);
+    OP("timerfd", op_timerfd);
+    OP("signalfd", op_signalfd);
     /* plan_tree.c, once every object exists */
     OP("proc", 0);
     OP("zombie", 0);

@@ -180,6 +180,9 @@ void rst_load_plan_keys(const char *path);
 /* a deleted file (its contents from FILL, -1: none) or removed directory made
  * again at PATH or beside it, and removed again: its descriptor (plan_deleted.c) */
 long rst_recreate_deleted(const char *path, uint32_t mode, uint32_t uid, uint32_t gid, long fill, uint64_t size);
+/* a timerfd and a signalfd made again (plan_timerfd.c, plan_signalfd.c) */
+long rst_make_timerfd(uint32_t clockid, uint64_t interval_ns, uint64_t value_ns, uint64_t ticks);
+long rst_make_signalfd(uint64_t mask);
 int rst_slot_for(uint32_t kind, uint64_t dev, uint64_t ino);  /* descriptor, or -1 */
 void rst_close_slots(void);
 void rst_build(void) __attribute__((noreturn));

@@ -69,6 +69,30 @@ static unsigned long long fdinfo(int fd, const char *key, int base)
 
 static int nsteps;
 
+/* a child of the job that waits (up to its steps and 5 s more) for COND,
+ * something the parent does through a descriptor they share at its last
+ * step; the parent's last step reaps it (watcher_done) */
+static pid_t fork_watcher(int (*cond)(void))
+{
+    pid_t pid = fork();
+    CHECK(pid >= 0, "fork");
+    if (pid)
+        return pid;
+    for (int i = 0; i < nsteps + 50; i++) {
+        if (cond())
+            _exit(0);
+        step_sleep_ms(100);
+    }
+    _exit(1);
+}
+
+static void watcher_done(pid_t pid, const char *what)
+{
+    int status;
+    CHECK(waitpid(pid, &status, 0) == pid, "wait");
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the child did not see %s", what);
+}
+
 /* ---- deleted ---- */
 
 #define BIG_HOLE (1 << 20)
@@ -249,7 +273,15 @@ static void check_hardlink(int step)
 /* ---- timerfd ---- */
 
 #define MS 1000000L
-static int t_once, t_periodic, t_expired, t_disarmed, t_cancel;
+static int t_once, t_periodic, t_expired, t_disarmed, t_cancel, t_shared;
+static pid_t t_child;
+
+
+/* the parent read the shared timerfd's expiration */
+static int shared_timer_read(void)
+{
+    return fdinfo(t_shared, "ticks:", 10) == 0;
+}
 
 static int make_timer(int clock, int flags, long value_ns, long interval_ns)
 {
@@ -273,6 +305,10 @@ static void setup_timerfd(void)
     t_expired = make_timer(CLOCK_BOOTTIME, 0, 1, 0);
     step_sleep_ms(5);
     t_disarmed = make_timer(CLOCK_MONOTONIC, TFD_CLOEXEC, 0, 7 * MS);
+    /* shared with a child: one count of expirations for both */
+    t_shared = make_timer(CLOCK_MONOTONIC, TFD_NONBLOCK, 1, 0);
+    step_sleep_ms(5);
+    t_child = fork_watcher(shared_timer_read);
 }
 
 static void check_timerfd(int step)
@@ -309,6 +345,13 @@ static void check_timerfd(int step)
           ns_of(its.it_interval));
     CHECK(fdinfo(t_disarmed, "ticks:", 10) == 0, "disarmed ticks");
     CHECK(!(fcntl(t_disarmed, F_GETFL) & O_NONBLOCK) && (fcntl(t_disarmed, F_GETFD) & FD_CLOEXEC), "flags");
+
+    if (step < nsteps) {
+        CHECK(fdinfo(t_shared, "ticks:", 10) == 1, "shared ticks");
+    } else {
+        CHECK(read(t_shared, &ticks, sizeof(ticks)) == sizeof(ticks) && ticks == 1, "shared read");
+        watcher_done(t_child, "the shared timerfd read");
+    }
 }
 
 static void setup_cancel(void)
@@ -331,6 +374,13 @@ static void check_cancel(int step)
 /* ---- signalfd ---- */
 
 static int s_usr, s_pending;
+static pid_t s_child;
+
+/* the parent made the shared signalfd non-blocking */
+static int shared_signalfd_nonblocking(void)
+{
+    return (fcntl(s_pending, F_GETFL) & O_NONBLOCK) != 0;
+}
 static sigset_t usr_mask, pending_mask;
 
 static void setup_signalfd(void)
@@ -350,6 +400,7 @@ static void setup_signalfd(void)
     s_pending = signalfd(-1, &pending_mask, 0);
     CHECK(s_usr >= 0 && s_pending >= 0, "signalfd");
     CHECK(raise(SIGUSR2) == 0, "raise");
+    s_child = fork_watcher(shared_signalfd_nonblocking);
 }
 
 static unsigned long long mask_bits(const sigset_t *s)
@@ -377,6 +428,11 @@ static void check_signalfd(int step)
     /* SIGUSR2, pending since the start, is readable from the other */
     struct pollfd p = {s_pending, POLLIN, 0};
     CHECK(poll(&p, 1, 0) == 1 && (p.revents & POLLIN), "pending SIGUSR2");
+    if (step == nsteps) {
+        /* their status flags are one description's */
+        CHECK(fcntl(s_pending, F_SETFL, O_NONBLOCK) == 0, "F_SETFL");
+        watcher_done(s_child, "the shared signalfd's O_NONBLOCK");
+    }
 }
 
 int main(int argc, char **argv)
