@@ -58,3 +58,18 @@ def test_timerfd_cancel_on_set_refused(ckptd: Ckptd, exe: str, tmp_path: Path) -
 def test_signalfd(ckptd: Ckptd, exe: str, tmp_path: Path) -> None:
     """Masks and flags; a signal pending since before the checkpoint is still readable."""
     _round_trip(ckptd, exe, "signalfd", tmp_path)
+
+
+def test_opath_symlink(ckptd: Ckptd, exe: str, tmp_path: Path) -> None:
+    """Symlinks opened with O_PATH|O_NOFOLLOW (one dangling): still the link, not what it points to."""
+    _round_trip(ckptd, exe, "opath", tmp_path)
+
+
+def test_pidfd(ckptd: Ckptd, exe: str, tmp_path: Path) -> None:
+    """pidfds of a live child, of a zombie and of the process itself: the same
+    processes (pids are kept), their flags; the child is killed and reaped through it."""
+    _round_trip(ckptd, exe, "pidfd", tmp_path)
+
+
+def test_pidfd_of_a_reaped_process_refused(ckptd: Ckptd, exe: str, tmp_path: Path) -> None:
+    _refused(ckptd, exe, "reaped", tmp_path, "pidfd", "reaped")

@@ -257,6 +257,7 @@ def _fd_type_name(t: int) -> str:
         "CK_FD_DELETED": "deleted file",
         "CK_FD_TIMERFD": "timerfd",
         "CK_FD_SIGNALFD": "signalfd",
+        "CK_FD_PIDFD": "pidfd",
     }
     for const, name in names.items():
         if constant(const) == t:

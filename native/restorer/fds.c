@@ -202,6 +202,11 @@ void rst_restore_fds(const struct rst_image *im)
             tmp = scratch_fd(rst_make_timerfd(f->clockid, f->it_interval_ns, f->it_value_ns, f->ticks),
                              "cannot create a timerfd", 0);  /* plan_timerfd.c */
             break;
+        case CK_FD_PIDFD:
+            /* the pid is kept: the same process of the job, made already by the plan */
+            tmp = scratch_fd(ck_sc2(SYS_pidfd_open, f->target_pid, f->open_flags & O_EXCL /* PIDFD_THREAD */),
+                             "cannot open a pidfd again (pidfd_open)", path);
+            break;
         case CK_FD_SIGNALFD:
             tmp = scratch_fd(rst_make_signalfd(f->sigmask), "cannot create a signalfd", 0);  /* plan_signalfd.c */
             break;

@@ -152,6 +152,37 @@ static int dump_timerfd(struct ck_image *im, struct ck_fd *f, const char *info, 
     return 0;
 }
 
+/*
+ * A pidfd: the pid it refers to, as the job's pid namespace (its /proc)
+ * sees it ("Pid:" of its fdinfo); the restore keeps pids, so pidfd_open
+ * finds the same process again.  0: a process outside the job; -1: one that
+ * exited and was reaped.  Neither can be opened again.
+ */
+static int dump_pidfd(struct ck_image *im, struct ck_fd *f, const char *info, const char *target)
+{
+    const char *p = info;
+    while (*p && !ck_startswith(p, "Pid:")) {
+        while (*p && *p != '\n')
+            p++;
+        if (*p)
+            p++;
+    }
+    if (!*p)
+        return ck_fail_fd(im, f->fd, "pidfd whose process the kernel does not name (no Pid: in its fdinfo)", target);
+    p = ck_skip_spaces(p + 4);
+    if (*p == '-')
+        return ck_fail_fd(im, f->fd,
+                          "pidfd of a process that has exited and been reaped: pidfd_open cannot refer to it again",
+                          target);
+    int64_t pid = (int64_t)ck_parse_u64(p, 10, 0);
+    if (pid <= 0)
+        return ck_fail_fd(im, f->fd,
+                          "pidfd of a process outside the job: ckptd keeps only the job's pids on restore", target);
+    f->type = CK_FD_PIDFD;
+    f->target_pid = (int32_t)pid;
+    return 0;
+}
+
 static int classify(struct ck_image *im, struct ck_fd *f, const char *target, const struct stat *st,
                     char *info, size_t infocap)
 {
@@ -221,7 +252,8 @@ static int classify(struct ck_image *im, struct ck_fd *f, const char *target, co
     int is_epoll = ck_strcmp(target, "anon_inode:[eventpoll]") == 0;
     int is_timerfd = ck_strcmp(target, "anon_inode:[timerfd]") == 0;
     int is_signalfd = ck_strcmp(target, "anon_inode:[signalfd]") == 0;
-    if (!is_eventfd && !is_epoll && !is_timerfd && !is_signalfd)
+    int is_pidfd = ck_strcmp(target, "anon_inode:[pidfd]") == 0;
+    if (!is_eventfd && !is_epoll && !is_timerfd && !is_signalfd && !is_pidfd)
         return ck_fail_fd(im, fd, "kind not supported yet", target);
     char path[64];
     fd_path(path, sizeof(path), "/proc/self/fdinfo/", fd);
@@ -238,6 +270,8 @@ static int classify(struct ck_image *im, struct ck_fd *f, const char *target, co
     }
     if (is_timerfd)
         return dump_timerfd(im, f, info, target);
+    if (is_pidfd)
+        return dump_pidfd(im, f, info, target);
     if (is_signalfd) {
         /* what it reads is its mask; the signals pending are the process's */
         f->type = CK_FD_SIGNALFD;

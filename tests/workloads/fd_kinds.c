@@ -8,9 +8,14 @@
  *   dirs       a working directory and an open directory that were removed
  *   hardlink   a deleted name of a file that has another link (refused)
  *   timerfd    timerfds on several clocks: armed one-shot, periodic, expired
- *              with an expiration not read, disarmed with an interval
+ *              with an expiration not read, disarmed with an interval; one
+ *              shared with a child (one count of expirations)
  *   cancel     a timerfd with TFD_TIMER_CANCEL_ON_SET (refused)
- *   signalfd   signalfds with their masks and flags; a signal pending for one
+ *   signalfd   signalfds with their masks and flags; a signal pending for one;
+ *              one shared with a child (its status flags)
+ *   opath      symlinks opened with O_PATH|O_NOFOLLOW, one dangling
+ *   pidfd      pidfds of a live child, of a zombie child and of itself
+ *   reaped     a pidfd of a child that exited and was reaped (refused)
  * Its files go to a new directory under DIR (on the test's file system).
  */
 #define _GNU_SOURCE
@@ -23,6 +28,8 @@
 #include <linux/magic.h>
 #include <sys/signalfd.h>
 #include <sys/statfs.h>
+#include <sys/syscall.h>
+#include <sys/pidfd.h>
 #include <sys/stat.h>
 #include <sys/timerfd.h>
 #include <sys/wait.h>
@@ -435,6 +442,121 @@ static void check_signalfd(int step)
     }
 }
 
+/* ---- opath ---- */
+
+static int o_link, o_dangling;
+static char o_target[2200];
+
+static void setup_opath(void)
+{
+    snprintf(o_target, sizeof(o_target), "%s", in_dir("target"));
+    int fd = open(o_target, O_CREAT | O_RDWR, 0600);
+    CHECK(fd >= 0, "create target");
+    close(fd);
+    CHECK(symlink(o_target, in_dir("link")) == 0, "symlink");
+    o_link = open(in_dir("link"), O_PATH | O_NOFOLLOW);
+    CHECK(o_link >= 0, "open link");
+    CHECK(symlink("nowhere", in_dir("dangling")) == 0, "symlink");
+    o_dangling = open(in_dir("dangling"), O_PATH | O_NOFOLLOW | O_CLOEXEC);
+    CHECK(o_dangling >= 0, "open dangling");
+}
+
+static void check_symlink_fd(int fd, const char *to)
+{
+    struct stat st;
+    char buf[4096];
+    CHECK(fstatat(fd, "", &st, AT_EMPTY_PATH) == 0 && S_ISLNK(st.st_mode), "a symlink");
+    ssize_t n = readlinkat(fd, "", buf, sizeof(buf) - 1);
+    CHECK(n > 0, "readlinkat");
+    buf[n] = 0;
+    CHECK(!strcmp(buf, to), "points to %s", buf);
+    CHECK((fcntl(fd, F_GETFL) & (O_PATH | O_NOFOLLOW)) == (O_PATH | O_NOFOLLOW), "flags %o", fcntl(fd, F_GETFL));
+}
+
+static void check_opath(int step)
+{
+    (void)step;
+    check_symlink_fd(o_link, o_target);
+    check_symlink_fd(o_dangling, "nowhere");
+    CHECK(!(fcntl(o_link, F_GETFD) & FD_CLOEXEC) && (fcntl(o_dangling, F_GETFD) & FD_CLOEXEC), "fd flags");
+}
+
+/* ---- pidfd ---- */
+
+static int p_live, p_zombie, p_self, p_reaped;
+static pid_t live_pid, zombie_pid;
+
+static int pidfd_open_(pid_t pid, unsigned flags)
+{
+    return (int)syscall(SYS_pidfd_open, pid, flags);
+}
+
+static pid_t child_that(int exit_code)
+{
+    pid_t pid = fork();
+    CHECK(pid >= 0, "fork");
+    if (pid == 0) {
+        if (exit_code >= 0)
+            _exit(exit_code);
+        for (;;)
+            pause();
+    }
+    return pid;
+}
+
+static void setup_pidfd(void)
+{
+    live_pid = child_that(-1);
+    p_live = pidfd_open_(live_pid, PIDFD_NONBLOCK);
+    zombie_pid = child_that(7);
+    p_zombie = pidfd_open_(zombie_pid, 0);
+    p_self = pidfd_open_(getpid(), 0);
+    CHECK(p_live >= 0 && p_zombie >= 0 && p_self >= 0, "pidfd_open");
+    siginfo_t si;
+    memset(&si, 0, sizeof(si));
+    CHECK(waitid(P_PIDFD, p_zombie, &si, WEXITED | WNOWAIT) == 0, "the zombie exits");
+}
+
+static void check_pidfd(int step)
+{
+    CHECK((pid_t)fdinfo(p_live, "Pid:", 10) == live_pid, "live pid");
+    CHECK((pid_t)fdinfo(p_zombie, "Pid:", 10) == zombie_pid, "zombie pid");
+    CHECK((pid_t)fdinfo(p_self, "Pid:", 10) == getpid(), "own pid");
+    CHECK(fcntl(p_live, F_GETFL) & O_NONBLOCK, "PIDFD_NONBLOCK");
+    CHECK(!(fcntl(p_zombie, F_GETFL) & O_NONBLOCK), "flags");
+    CHECK(syscall(SYS_pidfd_send_signal, p_live, 0, NULL, 0) == 0, "signal 0");
+    struct pollfd p[2] = {{p_live, POLLIN, 0}, {p_zombie, POLLIN, 0}};
+    CHECK(poll(p, 2, 0) == 1 && !p[0].revents && (p[1].revents & POLLIN), "only the zombie has exited");
+    siginfo_t si;
+    memset(&si, 0, sizeof(si));
+    CHECK(waitid(P_PIDFD, p_zombie, &si, WEXITED | WNOWAIT | WNOHANG) == 0 && si.si_pid == zombie_pid &&
+              si.si_code == CLD_EXITED && si.si_status == 7,
+          "the zombie's status");
+    if (step == nsteps) {
+        CHECK(syscall(SYS_pidfd_send_signal, p_live, SIGKILL, NULL, 0) == 0, "kill");
+        struct pollfd dead = {p_live, POLLIN, 0};
+        CHECK(poll(&dead, 1, 5000) == 1, "the child dies");
+        memset(&si, 0, sizeof(si));
+        CHECK(waitid(P_PIDFD, p_live, &si, WEXITED) == 0 && si.si_pid == live_pid && si.si_code == CLD_KILLED,
+              "reaped through its pidfd");
+        CHECK(waitid(P_PIDFD, p_zombie, &si, WEXITED) == 0, "the zombie reaped");
+    }
+}
+
+static void setup_reaped(void)
+{
+    pid_t pid = child_that(0);
+    p_reaped = pidfd_open_(pid, 0);
+    CHECK(p_reaped >= 0, "pidfd_open");
+    CHECK(waitpid(pid, 0, 0) == pid, "reap");
+}
+
+static void check_reaped(int step)
+{
+    (void)step;
+    CHECK((int)fdinfo(p_reaped, "Pid:", 10) == -1, "reaped");
+}
+
 int main(int argc, char **argv)
 {
     nsteps = steps_of(argc, argv);
@@ -459,6 +581,15 @@ int main(int argc, char **argv)
     } else if (!strcmp(mode, "cancel")) {
         setup_cancel();
         check = check_cancel;
+    } else if (!strcmp(mode, "opath")) {
+        setup_opath();
+        check = check_opath;
+    } else if (!strcmp(mode, "pidfd")) {
+        setup_pidfd();
+        check = check_pidfd;
+    } else if (!strcmp(mode, "reaped")) {
+        setup_reaped();
+        check = check_reaped;
     } else if (!strcmp(mode, "signalfd")) {
         setup_signalfd();
         check = check_signalfd;

@@ -193,6 +193,7 @@ struct ck_page_source {
                                     plan and removed again */
 #define CK_FD_TIMERFD 14         /* timerfd: clock, interval, time left, ticks not read */
 #define CK_FD_SIGNALFD 15        /* signalfd: its mask */
+#define CK_FD_PIDFD 16           /* pidfd of a process of the job: opened again with pidfd_open */
 
 /* ck_fd.sock_opts (CK_FD_TCP): options set again on the new socket */
 #define CK_SOCKOPT_NODELAY 0x1
@@ -303,6 +304,10 @@ struct ck_fd {
     uint64_t ticks;
     /* CK_FD_SIGNALFD: the signals it reads (bit N-1: signal N) */
     uint64_t sigmask;
+    /* CK_FD_PIDFD: the process (or thread: O_EXCL, PIDFD_THREAD) it refers to,
+       a pid in the job's pid namespace, which the restore keeps */
+    int32_t target_pid;
+    uint32_t pad3;
 };
 
 /* ck_file_lock.kind */
