@@ -73,3 +73,20 @@ def test_pidfd(ckptd: Ckptd, exe: str, tmp_path: Path) -> None:
 
 def test_pidfd_of_a_reaped_process_refused(ckptd: Ckptd, exe: str, tmp_path: Path) -> None:
     _refused(ckptd, exe, "reaped", tmp_path, "pidfd", "reaped")
+
+
+def test_inotify(ckptd: Ckptd, exe: str, tmp_path: Path) -> None:
+    """Watches added again by path with their masks and numbers (gaps where
+    watches were removed), reporting again; the next watch gets the number
+    it would have got."""
+    _round_trip(ckptd, exe, "inotify", tmp_path)
+
+
+def test_inotify_not_made_through_libc_refused(ckptd: Ckptd, exe: str, tmp_path: Path) -> None:
+    """The shim counts the numbers inotify_add_watch gave out; without that count the next one is unknown."""
+    _refused(ckptd, exe, "rawinotify", tmp_path, "inotify", "next watch")
+
+
+def test_inotify_shared_by_processes_refused(ckptd: Ckptd, exe: str, tmp_path: Path) -> None:
+    """Two instances, one per process, would each get every event."""
+    _refused(ckptd, exe, "sharedinotify", tmp_path, "inotify", "several processes share")

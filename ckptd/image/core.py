@@ -258,6 +258,7 @@ def _fd_type_name(t: int) -> str:
         "CK_FD_TIMERFD": "timerfd",
         "CK_FD_SIGNALFD": "signalfd",
         "CK_FD_PIDFD": "pidfd",
+        "CK_FD_INOTIFY": "inotify",
     }
     for const, name in names.items():
         if constant(const) == t:

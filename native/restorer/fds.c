@@ -207,6 +207,9 @@ void rst_restore_fds(const struct rst_image *im)
             tmp = scratch_fd(ck_sc2(SYS_pidfd_open, f->target_pid, f->open_flags & O_EXCL /* PIDFD_THREAD */),
                              "cannot open a pidfd again (pidfd_open)", path);
             break;
+        case CK_FD_INOTIFY:
+            tmp = scratch_fd(rst_make_inotify(im, f), "cannot create an inotify instance", 0);  /* inotify.c */
+            break;
         case CK_FD_SIGNALFD:
             tmp = scratch_fd(rst_make_signalfd(f->sigmask), "cannot create a signalfd", 0);  /* plan_signalfd.c */
             break;

@@ -183,6 +183,8 @@ long rst_recreate_deleted(const char *path, uint32_t mode, uint32_t uid, uint32_
 /* a timerfd and a signalfd made again (plan_timerfd.c, plan_signalfd.c) */
 long rst_make_timerfd(uint32_t clockid, uint64_t interval_ns, uint64_t value_ns, uint64_t ticks);
 long rst_make_signalfd(uint64_t mask);
+/* an inotify instance with f's watches at their numbers (inotify.c) */
+int rst_make_inotify(const struct rst_image *im, const struct ck_fd *f);
 int rst_slot_for(uint32_t kind, uint64_t dev, uint64_t ino);  /* descriptor, or -1 */
 void rst_close_slots(void);
 void rst_build(void) __attribute__((noreturn));

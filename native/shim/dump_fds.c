@@ -253,7 +253,8 @@ static int classify(struct ck_image *im, struct ck_fd *f, const char *target, co
     int is_timerfd = ck_strcmp(target, "anon_inode:[timerfd]") == 0;
     int is_signalfd = ck_strcmp(target, "anon_inode:[signalfd]") == 0;
     int is_pidfd = ck_strcmp(target, "anon_inode:[pidfd]") == 0;
-    if (!is_eventfd && !is_epoll && !is_timerfd && !is_signalfd && !is_pidfd)
+    int is_inotify = ck_strcmp(target, "anon_inode:inotify") == 0;
+    if (!is_eventfd && !is_epoll && !is_timerfd && !is_signalfd && !is_pidfd && !is_inotify)
         return ck_fail_fd(im, fd, "kind not supported yet", target);
     char path[64];
     fd_path(path, sizeof(path), "/proc/self/fdinfo/", fd);
@@ -272,6 +273,8 @@ static int classify(struct ck_image *im, struct ck_fd *f, const char *target, co
         return dump_timerfd(im, f, info, target);
     if (is_pidfd)
         return dump_pidfd(im, f, info, target);
+    if (is_inotify)
+        return ck_dump_inotify(im, f, info, target);  /* dump_inotify.c */
     if (is_signalfd) {
         /* what it reads is its mask; the signals pending are the process's */
         f->type = CK_FD_SIGNALFD;

@@ -14,6 +14,10 @@
  *   signalfd   signalfds with their masks and flags; a signal pending for one;
  *              one shared with a child (its status flags)
  *   opath      symlinks opened with O_PATH|O_NOFOLLOW, one dangling
+ *   inotify    watches with gaps in their numbers (removed ones), events read
+ *              at every step, the next watch's number after the highest ever
+ *   rawinotify an inotify made by the raw system call (refused)
+ *   sharedinotify  an inotify a child shares (refused)
  *   pidfd      pidfds of a live child, of a zombie child and of itself
  *   reaped     a pidfd of a child that exited and was reaped (refused)
  * Its files go to a new directory under DIR (on the test's file system).
@@ -26,6 +30,7 @@
 #include <signal.h>
 #include <stdint.h>
 #include <linux/magic.h>
+#include <sys/inotify.h>
 #include <sys/signalfd.h>
 #include <sys/statfs.h>
 #include <sys/syscall.h>
@@ -557,6 +562,151 @@ static void check_reaped(int step)
     CHECK((int)fdinfo(p_reaped, "Pid:", 10) == -1, "reaped");
 }
 
+/* ---- inotify ---- */
+
+static int in_fd, in_plain, in_raw;
+static char in_b[2200];
+
+static void drain_events(int fd)
+{
+    char buf[4096];
+    while (read(fd, buf, sizeof(buf)) > 0)
+        ;
+}
+
+static int add_watch(const char *name, uint32_t mask)
+{
+    int wd = inotify_add_watch(in_fd, name ? in_dir(name) : dir, mask);
+    CHECK(wd > 0, "inotify_add_watch %s", name ? name : dir);
+    return wd;
+}
+
+static void touch(const char *name)
+{
+    int fd = open(in_dir(name), O_CREAT | O_RDWR, 0600);
+    CHECK(fd >= 0, "create %s", name);
+    close(fd);
+}
+
+static void setup_inotify(void)
+{
+    CHECK(strlen(dir) < 2000, "a shorter DIR");
+    strcat(dir, "/w");
+    CHECK(mkdir(dir, 0700) == 0, "mkdir");
+    touch("a");
+    touch("b");
+    touch("c");
+    snprintf(in_b, sizeof(in_b), "%s", in_dir("b"));
+    in_fd = inotify_init1(IN_NONBLOCK);
+    CHECK(in_fd >= 0, "inotify_init1");
+    CHECK(add_watch(0, IN_CREATE | IN_DELETE) == 1, "wd 1");
+    int w2 = add_watch("a", IN_MODIFY);
+    CHECK(add_watch("b", IN_ATTRIB) == 3, "wd 3");
+    CHECK(inotify_rm_watch(in_fd, w2) == 0, "rm 2");
+    CHECK(add_watch("c", IN_MODIFY | IN_ONESHOT) == 4, "wd 4");
+    int w5 = add_watch("a", IN_OPEN);
+    CHECK(inotify_rm_watch(in_fd, w5) == 0, "rm 5");
+    drain_events(in_fd);
+    in_plain = inotify_init();
+    CHECK(in_plain >= 0, "inotify_init");
+}
+
+/* "wd:mask" of every watch its fdinfo shows, sorted */
+static void watches_of(int fd, char *out, size_t cap)
+{
+    char p[64], text[8192];
+    unsigned wds[16], masks[16];
+    int n = 0;
+    snprintf(p, sizeof(p), "/proc/self/fdinfo/%d", fd);
+    FILE *f = fopen(p, "r");
+    CHECK(f, "open %s", p);
+    size_t len = fread(text, 1, sizeof(text) - 1, f);
+    fclose(f);
+    text[len] = 0;
+    for (char *at = strstr(text, "inotify wd:"); at && n < 16; at = strstr(at + 1, "inotify wd:")) {
+        CHECK(sscanf(at, "inotify wd:%x", &wds[n]) == 1, "wd");
+        char *m = strstr(at, " mask:");
+        CHECK(m && sscanf(m, " mask:%x", &masks[n]) == 1, "mask");
+        n++;
+    }
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && wds[j - 1] > wds[j]; j--) {
+            unsigned t = wds[j];
+            wds[j] = wds[j - 1];
+            wds[j - 1] = t;
+            t = masks[j];
+            masks[j] = masks[j - 1];
+            masks[j - 1] = t;
+        }
+    out[0] = 0;
+    for (int i = 0; i < n; i++)
+        snprintf(out + strlen(out), cap - strlen(out), "%u:%x ", wds[i], masks[i]);
+}
+
+static void expect_event(const char *buf, ssize_t len, ssize_t *off, int wd, uint32_t mask, const char *name)
+{
+    CHECK(*off < len, "no event for wd %d mask %x", wd, mask);
+    const struct inotify_event *e = (const void *)(buf + *off);
+    CHECK(e->wd == wd && (e->mask & ~IN_ISDIR) == mask, "event wd %d mask %x, not wd %d mask %x", e->wd, e->mask,
+          wd, mask);
+    CHECK(name ? (e->len && !strcmp(e->name, name)) : !e->len, "event name %s", e->len ? e->name : "(none)");
+    *off += (ssize_t)(sizeof(*e) + e->len);
+}
+
+static void check_inotify(int step)
+{
+    char have[512], want[512];
+    watches_of(in_fd, have, sizeof(have));
+    snprintf(want, sizeof(want), "1:%x 3:%x 4:%x ", IN_CREATE | IN_DELETE, IN_ATTRIB, IN_MODIFY | IN_ONESHOT);
+    CHECK(!strcmp(have, want), "watches %s, not %s", have, want);
+    watches_of(in_plain, have, sizeof(have));
+    CHECK(!have[0], "watches %s", have);
+    CHECK(fcntl(in_fd, F_GETFL) & O_NONBLOCK, "IN_NONBLOCK");
+    CHECK(!(fcntl(in_plain, F_GETFL) & O_NONBLOCK), "flags");
+    /* the watches report again: nothing queued from before */
+    char name[32];
+    snprintf(name, sizeof(name), "new-%d", step);
+    touch(name);
+    CHECK(unlink(in_dir(name)) == 0, "unlink");
+    CHECK(chmod(in_b, step % 2 ? 0600 : 0640) == 0, "chmod");
+    char buf[4096] __attribute__((aligned(8)));
+    ssize_t len = read(in_fd, buf, sizeof(buf)), off = 0;
+    CHECK(len > 0, "events");
+    expect_event(buf, len, &off, 1, IN_CREATE, name);
+    expect_event(buf, len, &off, 1, IN_DELETE, name);
+    expect_event(buf, len, &off, 3, IN_ATTRIB, 0);
+    CHECK(off == len, "more events");
+    if (step == nsteps)
+        CHECK(add_watch("c", IN_CLOSE_WRITE) == 4 && add_watch("a", IN_MODIFY) == 6, "the next watch's number");
+}
+
+static pid_t in_child;
+
+static int never(void)
+{
+    return 0;
+}
+
+static void setup_shared_inotify(void)
+{
+    in_fd = inotify_init1(0);
+    CHECK(in_fd >= 0, "inotify_init1");
+    add_watch(0, IN_CREATE);
+    in_child = fork_watcher(never);
+}
+
+static void setup_raw_inotify(void)
+{
+    in_raw = (int)syscall(SYS_inotify_init1, 0);
+    CHECK(in_raw >= 0, "inotify_init1");
+}
+
+static void check_raw_inotify(int step)
+{
+    (void)step;
+    CHECK(fcntl(in_raw ? in_raw : in_fd, F_GETFD) >= 0, "open");
+}
+
 int main(int argc, char **argv)
 {
     nsteps = steps_of(argc, argv);
@@ -590,6 +740,15 @@ int main(int argc, char **argv)
     } else if (!strcmp(mode, "reaped")) {
         setup_reaped();
         check = check_reaped;
+    } else if (!strcmp(mode, "inotify")) {
+        setup_inotify();
+        check = check_inotify;
+    } else if (!strcmp(mode, "sharedinotify")) {
+        setup_shared_inotify();
+        check = check_raw_inotify;
+    } else if (!strcmp(mode, "rawinotify")) {
+        setup_raw_inotify();
+        check = check_raw_inotify;
     } else if (!strcmp(mode, "signalfd")) {
         setup_signalfd();
         check = check_signalfd;

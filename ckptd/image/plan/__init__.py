@@ -11,7 +11,8 @@ bytes that were in flight, then fork the tree with its old pids.
 One module per kind of object, named as its native/restorer/plan_<kind>.c
 is: pipe.py (pipes, FIFOs), unix.py (Unix sockets), tcp.py, shm.py (shared
 memory objects), deleted.py (deleted files and directories), file.py (files
-opened by path), eventfd.py, timerfd.py, signalfd.py; tree.py (the process
+opened by path), eventfd.py, timerfd.py, signalfd.py, pidfd.py and
+inotify.py (which refuse one several processes share); tree.py (the process
 tree); planner.py (the planner, and what the kinds share).
 
 The same planning runs while a checkpoint is taken (before it is
@@ -30,6 +31,8 @@ from ..sockaddr import endpoint, ip_sockaddr
 from .deleted import DeletedFiles
 from .eventfd import Eventfds
 from .file import Files
+from .inotify import Inotifies
+from .pidfd import Pidfds
 from .pipe import Pipes
 from .planner import Kind, PlanError, Planner, ProcessImage
 from .shm import SharedMemory
@@ -52,6 +55,8 @@ KINDS: tuple[type[Kind], ...] = (
     Eventfds,
     Timerfds,
     Signalfds,
+    Pidfds,
+    Inotifies,
 )
 
 

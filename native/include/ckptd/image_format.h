@@ -194,6 +194,7 @@ struct ck_page_source {
 #define CK_FD_TIMERFD 14         /* timerfd: clock, interval, time left, ticks not read */
 #define CK_FD_SIGNALFD 15        /* signalfd: its mask */
 #define CK_FD_PIDFD 16           /* pidfd of a process of the job: opened again with pidfd_open */
+#define CK_FD_INOTIFY 17         /* inotify: its watches, added again by path in their order */
 
 /* ck_fd.sock_opts (CK_FD_TCP): options set again on the new socket */
 #define CK_SOCKOPT_NODELAY 0x1
@@ -307,7 +308,22 @@ struct ck_fd {
     /* CK_FD_PIDFD: the process (or thread: O_EXCL, PIDFD_THREAD) it refers to,
        a pid in the job's pid namespace, which the restore keeps */
     int32_t target_pid;
-    uint32_t pad3;
+    /* CK_FD_INOTIFY: the highest watch descriptor it ever gave out (the
+       next one is that plus one: the restore makes it so), and its watches,
+       nwatches ck_inotify_watch records in BLOB, in wd order */
+    int32_t last_wd;
+    uint32_t nwatches;
+    uint32_t pad4;
+    uint64_t watches_off;
+};
+
+/* one inotify watch (CK_FD_INOTIFY), added again by path at restore */
+struct ck_inotify_watch {
+    int32_t wd;
+    uint32_t mask;              /* as fdinfo shows it: events, IN_ONESHOT, IN_EXCL_UNLINK */
+    uint64_t ino;               /* the watched inode, checked against the path */
+    uint32_t path;              /* string offset: the path the kernel names it by now */
+    uint32_t pad;
 };
 
 /* ck_file_lock.kind */
