@@ -75,6 +75,11 @@ def test_pidfd_of_a_reaped_process_refused(ckptd: Ckptd, exe: str, tmp_path: Pat
     _refused(ckptd, exe, "reaped", tmp_path, "pidfd", "reaped")
 
 
+def test_pidfd_shared_by_processes_refused(ckptd: Ckptd, exe: str, tmp_path: Path) -> None:
+    """The plan makes shared objects before the processes a pidfd names exist."""
+    _refused(ckptd, exe, "sharedpidfd", tmp_path, "pidfd", "several processes share")
+
+
 def test_inotify(ckptd: Ckptd, exe: str, tmp_path: Path) -> None:
     """Watches added again by path with their masks and numbers (gaps where
     watches were removed), reporting again; the next watch gets the number

@@ -20,6 +20,7 @@
  *   sharedinotify  an inotify a child shares (refused)
  *   pidfd      pidfds of a live child, of a zombie child and of itself
  *   reaped     a pidfd of a child that exited and was reaped (refused)
+ *   sharedpidfd  a pidfd a child shares (refused)
  * Its files go to a new directory under DIR (on the test's file system).
  */
 #define _GNU_SOURCE
@@ -548,6 +549,24 @@ static void check_pidfd(int step)
     }
 }
 
+static int never_(void)
+{
+    return 0;
+}
+
+static void setup_shared_pidfd(void)
+{
+    p_self = pidfd_open_(getpid(), 0);
+    CHECK(p_self >= 0, "pidfd_open");
+    fork_watcher(never_);
+}
+
+static void check_shared_pidfd(int step)
+{
+    (void)step;
+    CHECK((pid_t)fdinfo(p_self, "Pid:", 10) == getpid(), "own pid");
+}
+
 static void setup_reaped(void)
 {
     pid_t pid = child_that(0);
@@ -737,6 +756,9 @@ int main(int argc, char **argv)
     } else if (!strcmp(mode, "pidfd")) {
         setup_pidfd();
         check = check_pidfd;
+    } else if (!strcmp(mode, "sharedpidfd")) {
+        setup_shared_pidfd();
+        check = check_shared_pidfd;
     } else if (!strcmp(mode, "reaped")) {
         setup_reaped();
         check = check_reaped;
