@@ -5,7 +5,8 @@
  *              by two descriptions and shared with a child (offset, contents,
  *              mode, link count 0, both see one inode), one whose path was
  *              taken again by a new file
- *   dirs       a working directory and an open directory that were removed
+ *   dirs       a working directory and an open directory that were removed,
+ *              a file held open in a tree removed whole
  *   hardlink   a deleted name of a file that has another link (refused)
  *   timerfd    timerfds on several clocks: armed one-shot, periodic, expired
  *              with an expiration not read, disarmed with an interval; one
@@ -228,8 +229,8 @@ static void check_deleted(int step)
 
 /* ---- dirs ---- */
 
-static int ddir;
-static char cwd_link[4096], ddir_link[4096];
+static int ddir, in_tree;
+static char cwd_link[4096], ddir_link[4096], tree_link[4096], tree_top[2200];
 
 static void setup_dirs(void)
 {
@@ -244,6 +245,14 @@ static void setup_dirs(void)
     CHECK(ddir >= 0, "open dir");
     snprintf(ddir_link, sizeof(ddir_link), "%s (deleted)", in_dir("open"));
     CHECK(rmdir(in_dir("open")) == 0, "rmdir open");
+    /* a file held open in a tree removed whole (rm -rf) */
+    CHECK(mkdir(in_dir("tree"), 0755) == 0 && mkdir(in_dir("tree/x"), 0755) == 0, "mkdir tree");
+    in_tree = open(in_dir("tree/x/f"), O_RDWR | O_CREAT | O_EXCL, 0600);
+    CHECK(in_tree >= 0 && write(in_tree, "hi", 2) == 2, "a file in the tree");
+    snprintf(tree_link, sizeof(tree_link), "%s (deleted)", in_dir("tree/x/f"));
+    CHECK(unlink(in_dir("tree/x/f")) == 0 && rmdir(in_dir("tree/x")) == 0, "rm -rf");
+    snprintf(tree_top, sizeof(tree_top), "%s", in_dir("tree"));
+    CHECK(rmdir(tree_top) == 0, "rm -rf");
 }
 
 static void check_dirs(int step)
@@ -260,6 +269,11 @@ static void check_dirs(int step)
     CHECK((st.st_mode & 07777) == 0705, "dir mode %o", st.st_mode & 07777);
     errno = 0;
     CHECK(openat(ddir, "x", O_CREAT | O_RDWR, 0600) < 0 && errno == ENOENT, "a file made in a removed dir");
+    char buf[3] = {0};
+    CHECK(pread(in_tree, buf, 2, 0) == 2 && !strcmp(buf, "hi"), "the file in the removed tree");
+    CHECK(!strcmp(link_of(in_tree), tree_link), "tree file %s", link_of(in_tree));
+    errno = 0;
+    CHECK(access(tree_top, F_OK) < 0 && errno == ENOENT, "the removed tree is back");
 }
 
 /* ---- hardlink ---- */
