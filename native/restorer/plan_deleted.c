@@ -94,8 +94,12 @@ long rst_recreate_deleted(const char *path, uint32_t mode, uint32_t uid, uint32_
         if (rc < 0)
             rst_fail("cannot refill a deleted file", path, rc);
     }
-    /* the owner first: chown clears the set-user-ID and set-group-ID bits */
-    rc = ck_sc3(SYS_fchown, fd, uid, gid);
+    /* the owner first: chown clears the set-user-ID and set-group-ID bits;
+     * only when it differs (a restore without root makes it its own) */
+    struct stat st;
+    rc = ck_fstat((int)fd, &st);
+    if (rc == 0 && (st.st_uid != uid || st.st_gid != gid))
+        rc = ck_sc3(SYS_fchown, fd, uid, gid);
     if (rc < 0)
         rst_fail("cannot give a deleted file or directory its owner again", path, rc);
     rc = ck_sc2(SYS_fchmod, fd, mode & 07777);
