@@ -23,6 +23,14 @@ KCMP_FILE = 0
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
+_SHAREABLE_ANON = (
+    "anon_inode:[eventfd]",
+    "anon_inode:[timerfd]",
+    "anon_inode:[signalfd]",
+    "anon_inode:[pidfd]",  # refused when shared (plan/pidfd.py)
+    "anon_inode:inotify",  # refused when shared (plan/inotify.py)
+)
+
 
 def _kcmp_file(pid1: int, fd1: int, pid2: int, fd2: int) -> bool:
     rc = _libc.syscall(SYS_KCMP, pid1, pid2, KCMP_FILE, fd1, fd2)
@@ -55,7 +63,8 @@ def _files(host_pid: int) -> list[tuple[tuple[int, int], int]]:
             continue
         if link.startswith(("pipe:", "socket:")) or stat.S_ISSOCK(st.st_mode):
             continue
-        if link.startswith("anon_inode:") and link != "anon_inode:[eventfd]":
+        # the kinds the plan makes once for several processes, or refuses (plan/*.py's reopen)
+        if link.startswith("anon_inode:") and link not in _SHAREABLE_ANON:
             continue
         out.append(((st.st_dev, st.st_ino), int(name)))
     return out

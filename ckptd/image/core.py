@@ -254,6 +254,11 @@ def _fd_type_name(t: int) -> str:
         "CK_FD_SHMEM": "shared memory",
         "CK_FD_TCP": "TCP socket",
         "CK_FD_OPATH": "O_PATH",
+        "CK_FD_DELETED": "deleted file",
+        "CK_FD_TIMERFD": "timerfd",
+        "CK_FD_SIGNALFD": "signalfd",
+        "CK_FD_PIDFD": "pidfd",
+        "CK_FD_INOTIFY": "inotify",
     }
     for const, name in names.items():
         if constant(const) == t:

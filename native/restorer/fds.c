@@ -88,7 +88,7 @@ static int from_slot(const struct ck_fd *f, uint32_t kind, const char *path)
 {
     int slot = rst_slot_for(kind, f->dev, f->ino);
     if (slot < 0) {
-        if (f->fd <= 2 && f->type != CK_FD_SHMEM)
+        if (f->fd <= 2 && f->type != CK_FD_SHMEM && f->type != CK_FD_DELETED)
             return stdio_fd(f);
         rst_fail("the restore plan has no object for a descriptor", path, 0);
     }
@@ -98,6 +98,29 @@ static int from_slot(const struct ck_fd *f, uint32_t kind, const char *path)
         return scratch_fd(ck_open(path, flags, 0), "cannot reopen a FIFO", path);
     }
     return scratch_fd(ck_fcntl(slot, F_DUPFD_CLOEXEC, 0), "cannot take a shared object", path);
+}
+
+/* a memfd, deleted tmpfs file, or deleted file or directory the plan made:
+ * its own open file description, like the original memfd_create or open(),
+ * reopened through the plan's object (not a dup of it), at its offset */
+static int reopen_object(const struct ck_fd *f, uint32_t kind, const char *path)
+{
+    int obj = from_slot(f, kind, path);
+    char link[40];
+    struct ck_buf b;
+    ck_buf_init(&b, link, sizeof(link));
+    ck_buf_str(&b, "/proc/self/fd/");
+    ck_buf_u64(&b, (uint64_t)obj);
+    /* not O_NOFOLLOW (shm_open's): the /proc link is one */
+    int flags = (int)(f->open_flags & ~(uint32_t)(O_CREAT | O_TRUNC | O_EXCL | O_NOFOLLOW)) | O_CLOEXEC;
+    int tmp = scratch_fd(ck_open(link, flags, 0), "cannot reopen a file that has no name", path);
+    ck_close(obj);
+    if ((f->mode & S_IFMT) == S_IFDIR)
+        return tmp;
+    long rc = ck_lseek(tmp, (int64_t)f->pos, SEEK_SET);
+    if (rc < 0)
+        rst_fail("cannot seek in a file that has no name", path, rc);
+    return tmp;
 }
 
 void rst_restore_fds(const struct rst_image *im)
@@ -154,25 +177,13 @@ void rst_restore_fds(const struct rst_image *im)
         case CK_FD_TCP:
             tmp = from_slot(f, RST_KEY_TCP, path);
             break;
-        case CK_FD_SHMEM: {
-            /* its own open file description, like the original memfd_create
-             * or open(): reopened through the plan's object, not a dup of it */
-            int obj = from_slot(f, RST_KEY_SHM, path);
-            char link[40];
-            struct ck_buf b;
-            ck_buf_init(&b, link, sizeof(link));
-            ck_buf_str(&b, "/proc/self/fd/");
-            ck_buf_u64(&b, (uint64_t)obj);
-            /* not O_NOFOLLOW (shm_open's): the /proc link is one */
-            int flags = (int)(f->open_flags & ~(uint32_t)(O_CREAT | O_TRUNC | O_EXCL | O_NOFOLLOW)) | O_CLOEXEC;
-            tmp = scratch_fd(ck_open(link, flags, 0), "cannot reopen shared memory", path);
-            ck_close(obj);
-            long rc = ck_lseek(tmp, (int64_t)f->pos, SEEK_SET);
-            if (rc < 0)
-                rst_fail("cannot seek in shared memory", path, rc);
+        case CK_FD_SHMEM:
+            tmp = reopen_object(f, RST_KEY_SHM, path);
             rst_shm_mode_and_seals(tmp, f, path);  /* plan_shm.c */
             break;
-        }
+        case CK_FD_DELETED:
+            tmp = reopen_object(f, RST_KEY_DELETED, path);  /* made by plan_deleted.c */
+            break;
         case CK_FD_EVENTFD: {
             int flags = (f->flags & CK_FDF_EVENTFD_SEMAPHORE) ? 1 /* EFD_SEMAPHORE */ : 0;
             tmp = scratch_fd(ck_eventfd2(0, flags | O_CLOEXEC), "cannot create an eventfd", 0);
@@ -186,6 +197,21 @@ void rst_restore_fds(const struct rst_image *im)
         }
         case CK_FD_EPOLL:
             tmp = scratch_fd(ck_epoll_create1(O_CLOEXEC), "cannot create an epoll instance", 0);
+            break;
+        case CK_FD_TIMERFD:
+            tmp = scratch_fd(rst_make_timerfd(f->clockid, f->it_interval_ns, f->it_value_ns, f->ticks),
+                             "cannot create a timerfd", 0);  /* plan_timerfd.c */
+            break;
+        case CK_FD_PIDFD:
+            /* the pid is kept: the same process of the job, made already by the plan */
+            tmp = scratch_fd(ck_sc2(SYS_pidfd_open, f->target_pid, f->open_flags & O_EXCL /* PIDFD_THREAD */),
+                             "cannot open a pidfd again (pidfd_open)", path);
+            break;
+        case CK_FD_INOTIFY:
+            tmp = scratch_fd(rst_make_inotify(im, f), "cannot create an inotify instance", 0);  /* inotify.c */
+            break;
+        case CK_FD_SIGNALFD:
+            tmp = scratch_fd(rst_make_signalfd(f->sigmask), "cannot create a signalfd", 0);  /* plan_signalfd.c */
             break;
         case CK_FD_DUP:
             continue;

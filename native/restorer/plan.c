@@ -45,14 +45,19 @@
  *                repairq SLOT 1|2 FILE OFF LEN  repairoff SLOT WL1 WND MAXWND RCVWND RCVWUP
  *                sockbuf SLOT SNDBUF RCVBUF     widen buffers before a large queue goes back
  *   plan_shm.c   shm SLOT DEV INO SIZE NAME     shmfill SLOT FILE
+ *   plan_deleted.c  deleted SLOT DEV INO MODE UID GID SIZE PATH FILE   a deleted file (FILE: its
+ *                                               contents) or removed directory (FILE "-")
+ *                                               made again, opened at SLOT, removed again
  *   plan_file.c  file SLOT FLAGS POS PATH       one open file description several processes
  *                fileshm SLOT SHM FLAGS POS       share (open, then fork): a file, directory,
  *                                                 device or FIFO opened again; a memfd or
  *                                                 deleted tmpfs file opened again from the
- *                                                 shm object at slot SHM
+ *                                                 shm object (or deleted file) at slot SHM
  *                desc SLOT PID FD               process PID's descriptor FD is that object
  *                                               (a key only: fds.c takes it)
  *   plan_eventfd.c  eventfd SLOT COUNT SEMAPHORE   an eventfd several processes share
+ *   plan_timerfd.c  timerfd SLOT CLOCK INTERVAL_NS VALUE_NS TICKS   a timerfd several processes share
+ *   plan_signalfd.c signalfd SLOT MASK           a signalfd several processes share
  *   plan_tree.c  proc PID PPID PGID SID DIR     zombie PID PPID PGID SID WSTATUS
  *                helper PID SID                 a session or group whose leader had exited:
  *                                               made again by a temporary child of init
@@ -299,11 +304,15 @@ static void fill_ops(void)
     OP("shm", op_shm, KEY(RST_KEY_SHM, 1, 2, 3));
     OP("shmfill", op_shmfill);
     /* plan_file.c; desc is a key only (fds.c takes it) */
+    OP("deleted", op_deleted, KEY(RST_KEY_DELETED, 1, 2, 3));
+
     OP("file", op_file);
     OP("fileshm", op_fileshm);
     OP("desc", 0, KEY(RST_KEY_DESC, 1, 2, 3));
     /* plan_eventfd.c */
     OP("eventfd", op_eventfd);
+    OP("timerfd", op_timerfd);
+    OP("signalfd", op_signalfd);
     /* plan_tree.c, once every object exists */
     OP("proc", 0);
     OP("zombie", 0);
@@ -368,7 +377,8 @@ int rst_slot_for(uint32_t kind, uint64_t dev, uint64_t ino)
 {
     for (int i = 0; i < rst.nkeys; i++) {
         const struct rst_key *k = &rst.keys[i];
-        if (k->kind == kind && k->ino == ino && ((kind != RST_KEY_SHM && kind != RST_KEY_DESC) || k->dev == dev))
+        if (k->kind == kind && k->ino == ino &&
+            ((kind != RST_KEY_SHM && kind != RST_KEY_DESC && kind != RST_KEY_DELETED) || k->dev == dev))
             return rst.slot_base + (int)k->slot;
     }
     return -1;

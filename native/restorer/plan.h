@@ -68,11 +68,16 @@ void op_sockbuf(const struct line *l);
 /* plan_shm.c */
 void op_shm(const struct line *l);
 void op_shmfill(const struct line *l);
+/* plan_deleted.c */
+void op_deleted(const struct line *l);
 /* plan_file.c */
 void op_file(const struct line *l);
 void op_fileshm(const struct line *l);
 /* plan_eventfd.c */
 void op_eventfd(const struct line *l);
+/* plan_timerfd.c, plan_signalfd.c */
+void op_timerfd(const struct line *l);
+void op_signalfd(const struct line *l);
 /* plan_tree.c: the proc, zombie and helper lines, once every object exists */
 void plan_build_tree(char *buf, uint64_t size) __attribute__((noreturn));
 

@@ -32,7 +32,15 @@ void rst_restore_process(const struct rst_image *im)
 {
     const struct ck_proc *p = im->proc;
     ck_umask((int)p->umask);
-    long rc = ck_chdir(rst_str(im, p->cwd));
+    long rc;
+    if (p->cwd_deleted) {
+        /* removed while the job was in it: an empty one, entered and removed again */
+        long dir = rst_recreate_deleted(rst_str(im, p->cwd), p->cwd_mode, p->cwd_uid, p->cwd_gid, -1, 0);
+        rc = ck_sc1(SYS_fchdir, dir);
+        ck_close((int)dir);
+    } else {
+        rc = ck_chdir(rst_str(im, p->cwd));
+    }
     if (rc < 0)
         rst_fail("cannot return to the working directory", rst_str(im, p->cwd), rc);
     ck_personality(p->personality);

@@ -36,6 +36,7 @@
 #define RST_KEY_SHM 5
 #define RST_KEY_TCP 6
 #define RST_KEY_DESC 7   /* an open file description several processes share: dev = pid, ino = fd */
+#define RST_KEY_DELETED 8  /* a deleted file or directory the plan made again (plan_deleted.c) */
 struct rst_key {
     uint32_t kind;
     uint32_t slot;
@@ -176,6 +177,14 @@ void rst_seal_read(uint32_t i, void *dst, uint64_t len, uint64_t off);
 
 /* plan.c (the plan's objects: plan_<kind>.c, through plan.h) */
 void rst_load_plan_keys(const char *path);
+/* a deleted file (its contents from FILL, -1: none) or removed directory made
+ * again at PATH or beside it, and removed again: its descriptor (plan_deleted.c) */
+long rst_recreate_deleted(const char *path, uint32_t mode, uint32_t uid, uint32_t gid, long fill, uint64_t size);
+/* a timerfd and a signalfd made again (plan_timerfd.c, plan_signalfd.c) */
+long rst_make_timerfd(uint32_t clockid, uint64_t interval_ns, uint64_t value_ns, uint64_t ticks);
+long rst_make_signalfd(uint64_t mask);
+/* an inotify instance with f's watches at their numbers (inotify.c) */
+int rst_make_inotify(const struct rst_image *im, const struct ck_fd *f);
 int rst_slot_for(uint32_t kind, uint64_t dev, uint64_t ino);  /* descriptor, or -1 */
 void rst_close_slots(void);
 void rst_build(void) __attribute__((noreturn));

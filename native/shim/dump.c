@@ -235,8 +235,17 @@ static int dump_proc(struct ck_image *im)
     if (n < 0)
         return ck_image_fail(im, "cannot read /proc/self/cwd", 0, n);
     path[n] = 0;
-    if (ck_endswith(path, " (deleted)"))
-        return ck_image_fail(im, "the working directory was deleted", path, 0);
+    if (ck_endswith(path, " (deleted)")) {
+        /* removed, so empty: the restorer makes an empty one, enters it
+         * and removes it again (proc.c) */
+        if (ck_stat(".", &st) < 0)
+            return ck_image_fail(im, "cannot stat the working directory", path, 0);
+        path[n - 10] = 0;
+        p->cwd_deleted = 1;
+        p->cwd_mode = st.st_mode;
+        p->cwd_uid = st.st_uid;
+        p->cwd_gid = st.st_gid;
+    }
     p->cwd = ck_image_string(im, path);
 
     /* mm fields: start_code, end_code, start_stack are fields 26-28 of

@@ -123,6 +123,66 @@ static int is_shmem(int fd)
                                           sfs.f_type == (long)0x958458f6 /* HUGETLBFS_MAGIC */);
 }
 
+/*
+ * A timerfd: its clock, its interval and the time left, relative (what was
+ * left at the checkpoint is what is left after the restart, as for the
+ * process's interval timers), and the expirations not read yet, e.g.
+ *   clockid: 1  ticks: 0  settime flags: 01  it_value: (0, 49406829) ...
+ * A timer that is cancelled when the clock is set (TFD_TIMER_CANCEL_ON_SET)
+ * is refused: the restore could not tell whether the clock was set meanwhile.
+ */
+static int dump_timerfd(struct ck_image *im, struct ck_fd *f, const char *info, const char *target)
+{
+    struct {
+        int64_t interval_sec, interval_nsec, value_sec, value_nsec;
+    } its;
+    long rc = ck_sc2(SYS_timerfd_gettime, f->fd, &its);
+    if (rc < 0)
+        return ck_image_fail(im, "cannot read a timerfd (timerfd_gettime)", target, rc);
+    if (fdinfo_value(info, "settime flags:", 8) & 2 /* TFD_TIMER_CANCEL_ON_SET */)
+        return ck_fail_fd(im, f->fd,
+                          "timerfd armed with TFD_TIMER_CANCEL_ON_SET: ckptd cannot tell whether the clock "
+                          "was set between the checkpoint and the restart",
+                          target);
+    f->type = CK_FD_TIMERFD;
+    f->clockid = (uint32_t)fdinfo_value(info, "clockid:", 10);
+    f->ticks = fdinfo_value(info, "ticks:", 10);
+    f->it_interval_ns = (uint64_t)its.interval_sec * 1000000000ull + (uint64_t)its.interval_nsec;
+    f->it_value_ns = (uint64_t)its.value_sec * 1000000000ull + (uint64_t)its.value_nsec;
+    return 0;
+}
+
+/*
+ * A pidfd: the pid it refers to, as the job's pid namespace (its /proc)
+ * sees it ("Pid:" of its fdinfo); the restore keeps pids, so pidfd_open
+ * finds the same process again.  0: a process outside the job; -1: one that
+ * exited and was reaped.  Neither can be opened again.
+ */
+static int dump_pidfd(struct ck_image *im, struct ck_fd *f, const char *info, const char *target)
+{
+    const char *p = info;
+    while (*p && !ck_startswith(p, "Pid:")) {
+        while (*p && *p != '\n')
+            p++;
+        if (*p)
+            p++;
+    }
+    if (!*p)
+        return ck_fail_fd(im, f->fd, "pidfd whose process the kernel does not name (no Pid: in its fdinfo)", target);
+    p = ck_skip_spaces(p + 4);
+    if (*p == '-')
+        return ck_fail_fd(im, f->fd,
+                          "pidfd of a process that has exited and been reaped: pidfd_open cannot refer to it again",
+                          target);
+    int64_t pid = (int64_t)ck_parse_u64(p, 10, 0);
+    if (pid <= 0)
+        return ck_fail_fd(im, f->fd,
+                          "pidfd of a process outside the job: ckptd keeps only the job's pids on restore", target);
+    f->type = CK_FD_PIDFD;
+    f->target_pid = (int32_t)pid;
+    return 0;
+}
+
 static int classify(struct ck_image *im, struct ck_fd *f, const char *target, const struct stat *st,
                     char *info, size_t infocap)
 {
@@ -138,7 +198,7 @@ static int classify(struct ck_image *im, struct ck_fd *f, const char *target, co
     case S_IFREG:
         if (ck_endswith(target, " (deleted)")) {
             if (!is_shmem(fd))
-                return ck_fail_fd(im, fd, "deleted file", target);
+                return ck_dump_deleted(im, f, target, st);  /* dump_deleted.c */
             f->type = CK_FD_SHMEM;
             f->pos = (uint64_t)ck_lseek(fd, 0, SEEK_CUR);
             if (ck_startswith(target, "/memfd:")) {
@@ -159,7 +219,7 @@ static int classify(struct ck_image *im, struct ck_fd *f, const char *target, co
         return 0;
     case S_IFDIR:
         if (ck_endswith(target, " (deleted)"))
-            return ck_fail_fd(im, fd, "directory that was removed: ckptd cannot restore it yet", target);
+            return ck_dump_deleted(im, f, target, st);  /* dump_deleted.c */
         f->type = CK_FD_DIR;
         return 0;
     case S_IFCHR:
@@ -190,7 +250,11 @@ static int classify(struct ck_image *im, struct ck_fd *f, const char *target, co
     }
     int is_eventfd = ck_strcmp(target, "anon_inode:[eventfd]") == 0;
     int is_epoll = ck_strcmp(target, "anon_inode:[eventpoll]") == 0;
-    if (!is_eventfd && !is_epoll)
+    int is_timerfd = ck_strcmp(target, "anon_inode:[timerfd]") == 0;
+    int is_signalfd = ck_strcmp(target, "anon_inode:[signalfd]") == 0;
+    int is_pidfd = ck_strcmp(target, "anon_inode:[pidfd]") == 0;
+    int is_inotify = ck_strcmp(target, "anon_inode:inotify") == 0;
+    if (!is_eventfd && !is_epoll && !is_timerfd && !is_signalfd && !is_pidfd && !is_inotify)
         return ck_fail_fd(im, fd, "kind not supported yet", target);
     char path[64];
     fd_path(path, sizeof(path), "/proc/self/fdinfo/", fd);
@@ -203,6 +267,18 @@ static int classify(struct ck_image *im, struct ck_fd *f, const char *target, co
         f->evcount = fdinfo_value(info, "eventfd-count:", 16);
         if (fdinfo_value(info, "eventfd-semaphore:", 10))
             f->flags |= CK_FDF_EVENTFD_SEMAPHORE;
+        return 0;
+    }
+    if (is_timerfd)
+        return dump_timerfd(im, f, info, target);
+    if (is_pidfd)
+        return dump_pidfd(im, f, info, target);
+    if (is_inotify)
+        return ck_dump_inotify(im, f, info, target);  /* dump_inotify.c */
+    if (is_signalfd) {
+        /* what it reads is its mask; the signals pending are the process's */
+        f->type = CK_FD_SIGNALFD;
+        f->sigmask = fdinfo_value(info, "sigmask:", 16);
         return 0;
     }
     f->type = CK_FD_EPOLL;

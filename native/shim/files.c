@@ -196,13 +196,18 @@ int ck_dump_files(struct ck_image *im, uint64_t *bytes)
 
 int ck_save_shmem_fd(struct ck_image *im, struct ck_fd *f)
 {
+    return ck_save_fd_contents(im, f, "files/shm-");
+}
+
+int ck_save_fd_contents(struct ck_image *im, struct ck_fd *f, const char *prefix)
+{
     char name[64], link[64];
     struct ck_buf b;
     long rc = ck_sc3(SYS_mkdirat, im->dirfd, "files", 0700);
     if (rc < 0 && rc != -EEXIST)
         return ck_image_fail(im, "cannot create files/ in the image directory", 0, rc);
     ck_buf_init(&b, name, sizeof(name));
-    ck_buf_str(&b, "files/shm-");
+    ck_buf_str(&b, prefix);
     ck_buf_u64(&b, f->ino);
     ck_buf_str(&b, ".data");
     long out = ck_openat(im->dirfd, name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);

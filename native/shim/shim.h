@@ -252,6 +252,13 @@ int ck_dump_files(struct ck_image *im, uint64_t *bytes) CK_HIDDEN;
 int ck_save_written_file(struct ck_image *im, const char *path, uint64_t *bytes) CK_HIDDEN;
 /* a memfd or deleted tmpfs file held open: files/shm-<ino>.data, holes kept */
 int ck_save_shmem_fd(struct ck_image *im, struct ck_fd *f) CK_HIDDEN;
+/* any file held open, read through a new description: PREFIX<ino>.data, holes kept */
+int ck_save_fd_contents(struct ck_image *im, struct ck_fd *f, const char *prefix) CK_HIDDEN;
+struct stat;
+/* an inotify descriptor's watches, by path (dump_inotify.c) */
+int ck_dump_inotify(struct ck_image *im, struct ck_fd *f, const char *fdinfo, const char *target) CK_HIDDEN;
+/* an open file or directory whose name was removed, not on tmpfs (dump_deleted.c) */
+int ck_dump_deleted(struct ck_image *im, struct ck_fd *f, const char *target, const struct stat *st) CK_HIDDEN;
 
 /* ---- interpose.c ---- */
 void ck_interpose_init(void) CK_HIDDEN;

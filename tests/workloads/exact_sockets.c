@@ -9,7 +9,7 @@
  *   exact_sockets STEPS reuseport   two SO_REUSEPORT listeners on one port
  *   exact_sockets STEPS sockopts    TCP and Unix socket options (getsockopt)
  *   exact_sockets STEPS opath       O_PATH descriptors of a file and a directory
- *   exact_sockets STEPS rmdir       an open directory that was removed
+ *   exact_sockets STEPS rmdir       an open directory that was removed (comes back)
  *   exact_sockets STEPS epollfork   an epoll set a child shares with its parent
  *   exact_sockets STEPS dir PATH    the directory PATH open (the test removes it)
  */

@@ -10,8 +10,10 @@ bytes that were in flight, then fork the tree with its old pids.
 
 One module per kind of object, named as its native/restorer/plan_<kind>.c
 is: pipe.py (pipes, FIFOs), unix.py (Unix sockets), tcp.py, shm.py (shared
-memory objects), file.py (files opened by path), eventfd.py; tree.py (the
-process tree); planner.py (the planner, and what the kinds share).
+memory objects), deleted.py (deleted files and directories), file.py (files
+opened by path), eventfd.py, timerfd.py, signalfd.py, pidfd.py and
+inotify.py (which refuse one several processes share); tree.py (the process
+tree); planner.py (the planner, and what the kinds share).
 
 The same planning runs while a checkpoint is taken (before it is
 committed), so a tree that could not be restored is refused at checkpoint
@@ -26,19 +28,36 @@ from typing import Any
 
 from ..core import CoreImage
 from ..sockaddr import endpoint, ip_sockaddr
+from .deleted import DeletedFiles
 from .eventfd import Eventfds
 from .file import Files
+from .inotify import Inotifies
+from .pidfd import Pidfds
 from .pipe import Pipes
 from .planner import Kind, PlanError, Planner, ProcessImage
 from .shm import SharedMemory
+from .signalfd import Signalfds
 from .tcp import TcpSockets
+from .timerfd import Timerfds
 from .tree import Tree, Zombie
 from .unix import UnixSockets
 
 __all__ = ["KINDS", "PlanError", "ProcessImage", "Zombie", "build_plan", "load_processes", "plan_for_checkpoint"]
 
 # every kind, in the order its objects are planned (and their slots numbered)
-KINDS: tuple[type[Kind], ...] = (Pipes, UnixSockets, TcpSockets, SharedMemory, Files, Eventfds)
+KINDS: tuple[type[Kind], ...] = (
+    Pipes,
+    UnixSockets,
+    TcpSockets,
+    SharedMemory,
+    DeletedFiles,
+    Files,
+    Eventfds,
+    Timerfds,
+    Signalfds,
+    Pidfds,
+    Inotifies,
+)
 
 
 def build_plan(

@@ -19,7 +19,7 @@
 
 /* BEGIN CFFI */
 #define CK_CORE_MAGIC 0x45524f4354504b43   /* "CKPTCORE" as little-endian bytes */
-#define CK_CORE_VERSION 5
+#define CK_CORE_VERSION 6
 #define CK_MAX_SECTIONS 16
 #define CK_PAGE_SIZE 4096
 
@@ -188,6 +188,13 @@ struct ck_page_source {
 #define CK_FD_SHMEM 10           /* memfd or deleted tmpfs file: contents in files/shm-<ino>.data */
 #define CK_FD_TCP 11             /* TCP socket (IPv4/IPv6): recreated by the restore plan */
 #define CK_FD_OPATH 12           /* O_PATH descriptor of any file kind: reopened by path with O_PATH */
+#define CK_FD_DELETED 13         /* open file or directory whose name was removed (not on tmpfs):
+                                    contents in files/deleted-<ino>.data, recreated by the restore
+                                    plan and removed again */
+#define CK_FD_TIMERFD 14         /* timerfd: clock, interval, time left, ticks not read */
+#define CK_FD_SIGNALFD 15        /* signalfd: its mask */
+#define CK_FD_PIDFD 16           /* pidfd of a process of the job: opened again with pidfd_open */
+#define CK_FD_INOTIFY 17         /* inotify: its watches, added again by path in their order */
 
 /* ck_fd.sock_opts (CK_FD_TCP): options set again on the new socket */
 #define CK_SOCKOPT_NODELAY 0x1
@@ -286,6 +293,39 @@ struct ck_fd {
     /* CK_FD_SHMEM with CK_FDF_MEMFD: F_GET_SEALS, added again once the
        contents are back (F_SEAL_SEAL alone: created without MFD_ALLOW_SEALING) */
     uint32_t seals;
+    /* CK_FD_DELETED (and a deleted working directory, ck_proc.cwd_deleted):
+       the owner it is recreated with (st_uid, st_gid) */
+    uint32_t uid;
+    uint32_t gid;
+    /* CK_FD_TIMERFD: what timerfd_gettime said, the time left kept relative
+       (what was left at the checkpoint is what is left after the restart),
+       and the expirations not read yet (fdinfo "ticks") */
+    uint32_t clockid;
+    uint32_t pad2;
+    uint64_t it_interval_ns;
+    uint64_t it_value_ns;       /* 0: disarmed */
+    uint64_t ticks;
+    /* CK_FD_SIGNALFD: the signals it reads (bit N-1: signal N) */
+    uint64_t sigmask;
+    /* CK_FD_PIDFD: the process (or thread: O_EXCL, PIDFD_THREAD) it refers to,
+       a pid in the job's pid namespace, which the restore keeps */
+    int32_t target_pid;
+    /* CK_FD_INOTIFY: the highest watch descriptor it ever gave out (the
+       next one is that plus one: the restore makes it so), and its watches,
+       nwatches ck_inotify_watch records in BLOB, in wd order */
+    int32_t last_wd;
+    uint32_t nwatches;
+    uint32_t pad4;
+    uint64_t watches_off;
+};
+
+/* one inotify watch (CK_FD_INOTIFY), added again by path at restore */
+struct ck_inotify_watch {
+    int32_t wd;
+    uint32_t mask;              /* as fdinfo shows it: events, IN_ONESHOT, IN_EXCL_UNLINK */
+    uint64_t ino;               /* the watched inode, checked against the path */
+    uint32_t path;              /* string offset: the path the kernel names it by now */
+    uint32_t pad;
 };
 
 /* ck_file_lock.kind */
@@ -412,6 +452,12 @@ struct ck_proc {
     uint32_t dumpable;          /* PR_GET_DUMPABLE */
     uint32_t ngroups;           /* supplementary groups: ngroups uint32 in BLOB at groups_off */
     uint64_t groups_off;
+    /* a working directory that was removed (its path ends in " (deleted)"):
+       made again empty with this mode and owner, entered, removed again */
+    uint32_t cwd_deleted;
+    uint32_t cwd_mode;
+    uint32_t cwd_uid;
+    uint32_t cwd_gid;
 };
 
 /*
