@@ -260,13 +260,21 @@ void ck_take_pending(int which)
     }
     for (uint32_t i = first; i < npend; i++) {
         struct ck_pending *r = &pend_pool[i];
-        long rc;
+        long rc = -ENOENT;
         if (CK_SIGINFO_CODE(r->info) == CK_SI_TIMER)
             rc = ck_timer_requeue_taken(r->info, &pend_at[i]);
-        else if (r->tid)
+        if (rc != -ENOENT) {
+            /* a timer's own signal; one it could not put back is queued
+             * all the same (not lost), and the checkpoint fails */
+            if (rc < 0 && r->tid)
+                ck_rt_tgsigqueueinfo(pid, tid, r->signo, r->info);
+            else if (rc < 0)
+                ck_sc3(SYS_rt_sigqueueinfo, pid, r->signo, r->info);
+        } else if (r->tid) {
             rc = ck_rt_tgsigqueueinfo(pid, tid, r->signo, r->info);
-        else
+        } else {
             rc = ck_sc3(SYS_rt_sigqueueinfo, pid, r->signo, r->info);
+        }
         if (rc < 0)
             pend_failed = 2;
     }
@@ -466,7 +474,7 @@ int ck_quiesce(long timeout_ms, char *err, size_t errcap)
             return -1;
         }
     }
-    const char *timers = ck_timers_refusal();
+    const char *timers = ck_timers_refusal(0);
     if (timers) {
         ck_buf_str(&eb, timers);
         return -1;

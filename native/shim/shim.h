@@ -84,7 +84,7 @@ void ck_take_pending(int which) CK_HIDDEN;
 struct ck_pending *ck_taken_pending(uint32_t *n, uint32_t *failed, const int64_t **at) CK_HIDDEN;
 int ck_take_all_pending(void) CK_HIDDEN;
 /* dump_timers.c: POSIX timers */
-const char *ck_timers_refusal(void) CK_HIDDEN;
+const char *ck_timers_refusal(int strict) CK_HIDDEN;
 long ck_timer_requeue_taken(const uint8_t *info, int64_t *at) CK_HIDDEN;
 void ck_fill_thread(struct ck_thread *t, uint64_t sigmask) CK_HIDDEN;
 /* after a restore: wait until every parked thread is back in shim code */
