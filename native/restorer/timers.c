@@ -18,6 +18,12 @@
  * set by a signal taken): each byte written by one thread only */
 static volatile uint8_t settled[RST_MAX_TIMERS];
 static int32_t ids[RST_MAX_TIMERS];
+/* each clock read once, as the timers are created: every expiry is counted
+ * from there, so the time the restore takes between one timer and the next
+ * does not shift one against another */
+static int64_t base[16];
+
+static int64_t next_expiry(const struct ck_posix_timer *t) { return base[t->clock & 15] + t->remaining_ns; }
 
 static const struct ck_posix_timer *timers_of(const struct rst_image *im, uint32_t *n)
 {
@@ -79,6 +85,8 @@ void rst_create_timers(const struct rst_image *im)
         ids[i] = t->id;
         settled[i] = 0;
     }
+    for (uint32_t i = 0; i < n; i++)
+        base[ts[i].clock & 15] = ck_now_ns(ts[i].clock);
     if (mode >= 0) {
         if (im->proc->next_timer_id >= 0) {
             long rc = ck_timer_set_next(im->proc->next_timer_id, ids, n);
@@ -112,7 +120,7 @@ void rst_timer_overruns(const struct rst_image *im, int tid)
                        CK_SIGINFO_TIMERID(im->pending[k].info) == t->id;
         if (pending)
             continue;
-        int64_t next = ck_now_ns(t->clock) + t->remaining_ns;
+        int64_t next = next_expiry(t);
         long rc = ck_timer_fire_at(t->id, ck_timer_fire_time(t->clock, next, t->interval_ns, t->overrun_last),
                                    t->interval_ns);
         if (rc < 0)
@@ -139,7 +147,7 @@ int rst_timer_pending(const struct rst_image *im, const uint8_t *info)
         const struct ck_posix_timer *t = &ts[i];
         if (t->id != CK_SIGINFO_TIMERID(info))
             continue;
-        int64_t next = ck_now_ns(t->clock) + t->remaining_ns;
+        int64_t next = next_expiry(t);
         long rc = ck_timer_fire_at(t->id, ck_timer_fire_time(t->clock, next, t->interval_ns, CK_SIGINFO_OVERRUN(info)),
                                    t->interval_ns);
         if (rc < 0)
@@ -150,8 +158,9 @@ int rst_timer_pending(const struct rst_image *im, const uint8_t *info)
     return 0;
 }
 
-/* Last: every timer not yet settled gets the time that remained, relative
- * (the time the job was down does not count), and its interval. */
+/* Last: every timer not yet settled gets the time that remained (the time
+ * the job was down does not count), relative, less what the restore took
+ * since the timers were created, and its interval. */
 void rst_arm_posix_timers(const struct rst_image *im)
 {
     uint32_t n;
@@ -161,7 +170,8 @@ void rst_arm_posix_timers(const struct rst_image *im)
         if (settled[i] || !t->remaining_ns)
             continue;
         struct itimerspec v;
-        v.it_value = ck_ns_ts(t->remaining_ns);
+        int64_t left = next_expiry(t) - ck_now_ns(t->clock);
+        v.it_value = ck_ns_ts(left > 0 ? left : 1);
         v.it_interval = ck_ns_ts(t->interval_ns);
         long rc = ck_timer_settime(t->id, 0, &v);
         if (rc < 0)
