@@ -411,16 +411,18 @@ import ctypes, signal, time
 librt = ctypes.CDLL(None, use_errno=True)
 timer = ctypes.c_void_p()
 signal.signal(signal.SIGALRM, lambda s, f: None)
-assert librt.timer_create(1, None, ctypes.byref(timer)) == 0  # CLOCK_MONOTONIC, SIGALRM
+assert librt.timer_create(2, None, ctypes.byref(timer)) == 0  # CLOCK_PROCESS_CPUTIME_ID, SIGALRM
 for i in range(400):
     print("tick", i, flush=True)
     time.sleep(0.02)
 """
 
 
-def test_posix_timers_refused_not_dropped(ckptd: Ckptd, tmp_path: Path) -> None:
+def test_posix_timer_on_cpu_clock_refused_not_dropped(ckptd: Ckptd, tmp_path: Path) -> None:
+    """POSIX timers are restored (tests/test_timers_signals.py), but not on a
+    CPU-time clock (the process's CPU time starts again at a restart)."""
     launch_script(ckptd, tmp_path, "ptimer", POSIX_TIMER)
-    assert_refused(ckptd, "ptimer", "POSIX timers")
+    assert_refused(ckptd, "ptimer", "POSIX timer", "CPU-time")
     ckptd.ctl("kill", "ptimer")
 
 

@@ -17,7 +17,7 @@ int main(void)
     printf("{");
     S(ck_header); S(ck_section); S(ck_jmpctx); S(ck_thread); S(ck_vma); S(ck_page_run);
     S(ck_fd); S(ck_epoll_target); S(ck_sigaction); S(ck_rlimit); S(ck_pending); S(ck_file);
-    S(ck_itimer); S(ck_proc); S(ck_page_source); S(ck_sockopt);
+    S(ck_itimer); S(ck_posix_timer); S(ck_proc); S(ck_page_source); S(ck_sockopt);
     F(ck_thread, ctx); F(ck_thread, comm); F(ck_vma, first_run); F(ck_page_run, src); F(ck_fd, pos); F(ck_fd, nepoll);
     S(ck_file_lock); F(ck_fd, locks_off); F(ck_fd, sockopt_off);
     S(ck_inotify_watch); F(ck_fd, watches_off); F(ck_fd, target_pid); F(ck_fd, sigmask);

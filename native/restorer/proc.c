@@ -77,6 +77,8 @@ void rst_queue_pending_of(const struct rst_image *im, int tid)
     for (uint32_t i = 0; i < im->npending; i++) {
         if (im->pending[i].tid != tid)
             continue;
+        if (im->pending[i].has_info && rst_timer_pending(im, im->pending[i].info))
+            continue;  /* a POSIX timer's own signal: the timer fired again (timers.c) */
         struct rst_siginfo si;
         ck_memset(&si, 0, sizeof(si));
         if (im->pending[i].has_info) {
@@ -107,6 +109,8 @@ void rst_queue_pending(const struct rst_image *im)
     struct rst_siginfo drop;
     while (ck_rt_sigtimedwait(&all, &drop, &now) > 0)
         ;
+    rst_timer_overruns(im, (int)ck_getpid());
+    rst_timer_overruns(im, 0);
     rst_queue_pending_of(im, (int)ck_getpid());
     rst_queue_pending_of(im, 0);
 }
@@ -132,6 +136,7 @@ void rst_arm_timers(const struct rst_image *im)
         if (rc < 0)
             rst_fail("cannot re-arm an interval timer", 0, rc);
     }
+    rst_arm_posix_timers(im);
 }
 
 /* THP-disable first, before memory is mapped again: it decides how the

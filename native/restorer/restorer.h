@@ -206,6 +206,11 @@ void rst_restore_dumpable(const struct rst_image *im);
 void rst_restore_process(const struct rst_image *im);
 void rst_queue_pending(const struct rst_image *im);
 void rst_arm_timers(const struct rst_image *im);
+/* timers.c: POSIX timers */
+void rst_create_timers(const struct rst_image *im);
+void rst_timer_overruns(const struct rst_image *im, int tid);
+int rst_timer_pending(const struct rst_image *im, const uint8_t *info);
+void rst_arm_posix_timers(const struct rst_image *im);
 
 /* threads.c */
 void rst_restore_threads(const struct rst_image *im) __attribute__((noreturn));

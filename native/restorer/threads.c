@@ -18,6 +18,8 @@ struct rst_clone_args {
 
 static volatile uint32_t ready;  /* futex: threads set up and waiting */
 static volatile uint32_t go;     /* futex: everything is in place */
+static volatile uint32_t timers_made;  /* futex: POSIX timers exist (they may aim at any thread) */
+static volatile uint32_t queued;       /* futex: threads that queued their own signals */
 
 static const struct rst_image *cur_im;  /* for the cloned threads */
 static const uint32_t *saved_groups;  /* the process's supplementary groups (in the core image) */
@@ -148,9 +150,14 @@ __attribute__((noreturn)) static void jump_when_told(const struct ck_thread *t)
 __attribute__((noreturn)) static void thread_entry(const struct ck_thread *t)
 {
     thread_setup(t);
-    rst_queue_pending_of(cur_im, t->tid);  /* its own: only it may (proc.c) */
     __atomic_fetch_add(&ready, 1, __ATOMIC_ACQ_REL);
     ck_futex_wake_all(&ready);
+    while (__atomic_load_n(&timers_made, __ATOMIC_ACQUIRE) == 0)
+        ck_futex_wait(&timers_made, 0, -1);
+    rst_timer_overruns(cur_im, t->tid);    /* of the timers aimed at it (timers.c) */
+    rst_queue_pending_of(cur_im, t->tid);  /* its own: only it may (proc.c) */
+    __atomic_fetch_add(&queued, 1, __ATOMIC_ACQ_REL);
+    ck_futex_wake_all(&queued);
     jump_when_told(t);
 }
 
@@ -224,6 +231,15 @@ void rst_restore_threads(const struct rst_image *im)
         if (r >= clones)
             break;
         ck_futex_wait(&ready, r, 100);
+    }
+    rst_create_timers(im);
+    __atomic_store_n(&timers_made, 1, __ATOMIC_RELEASE);
+    ck_futex_wake_all(&timers_made);
+    for (;;) {
+        uint32_t q = __atomic_load_n(&queued, __ATOMIC_ACQUIRE);
+        if (q >= clones)
+            break;
+        ck_futex_wait(&queued, q, 100);
     }
 
     ck_set_tid_address((void *)main->clear_child_tid);

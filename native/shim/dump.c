@@ -278,10 +278,6 @@ static int dump_proc(struct ck_image *im)
     p->umask = (uint32_t)status_oct(procbuf, "Umask:");
     if (ck_strncmp(ck_skip_spaces(status_line(procbuf, "x86_Thread_features:")), "shstk", 5) == 0)
         return ck_image_fail(im, "x86 shadow stacks are enabled; not supported", 0, 0);
-    /* POSIX timers (timer_create) are not restored yet: refuse, never drop them */
-    n = ck_read_file("/proc/self/timers", procbuf, sizeof(procbuf) - 1);
-    if (n > 0)
-        return ck_image_fail(im, "the process uses POSIX timers (timer_create), which are not supported yet", 0, 0);
 
     n = ck_read_file("/proc/self/auxv", im->auxv, sizeof(im->auxv));
     if (n < 0)
@@ -379,7 +375,7 @@ static int add_pending(struct ck_image *im, int tid, uint64_t set)
 }
 
 /*
- * Interval timers and pending signals, read together as the last thing
+ * Interval timers, POSIX timers and pending signals, read together as the last thing
  * before core.img is written, so they describe the same instant.  A
  * periodic ITIMER_REAL whose SIGALRM is pending reads as it_value 0: the
  * kernel re-arms it only when the signal is dequeued (the restorer knows).
@@ -396,15 +392,20 @@ static int capture_timers_and_pending(struct ck_image *im)
             im->proc.itimers[i].value_usec = v.it_value.tv_usec;
         }
     }
-    /* the checkpoint thread's own queue; the parked threads took theirs as
-     * they parked, the main thread the process-wide one too (quiesce.c) */
-    ck_take_pending(CK_TAKE_OWN);
+    /* every queue, now: the parked threads their own, the main thread the
+     * process-wide one too, the checkpoint thread its own (quiesce.c) */
+    if (ck_take_all_pending() < 0)
+        return ck_image_fail(im, "a parked thread did not take its pending signals within 10 s", 0, 0);
     uint32_t ntaken, failed;
-    struct ck_pending *taken = ck_taken_pending(&ntaken, &failed);
+    const int64_t *fired_at;
+    struct ck_pending *taken = ck_taken_pending(&ntaken, &failed, &fired_at);
     if (failed == 1)
         return ck_image_fail(im, "more than 4096 signals are queued in the process; ckptd keeps at most 4096", 0, 0);
     if (failed)
         return ck_image_fail(im, "a pending signal could not be queued again after reading it", 0, 0);
+    /* POSIX timers, with the overrun of their signals taken brought up to now */
+    if (ck_dump_timers(im, taken, fired_at, ntaken) < 0)
+        return -1;
     for (uint32_t i = 0; i < ntaken; i++) {
         struct ck_pending *pe = ck_table_push(&im->pending);
         if (!pe)

@@ -19,6 +19,7 @@
 #include "../common/sys.h"
 #include "../common/util.h"
 #include "../common/maps.h"
+#include "../common/timers.h"
 
 #include <errno.h>
 #include <sys/prctl.h>
@@ -160,18 +161,27 @@ void ck_fill_thread(struct ck_thread *t, uint64_t sigmask)
 /*
  * Pending signals with their siginfo.  A signal's siginfo can only be read
  * by taking it (rt_sigtimedwait), and a thread's own queue only by that
- * thread: each parked thread takes its private ones in the quiesce handler,
- * the checkpoint thread its own and the process-wide ones in the dump.
- * Everything taken is queued again at once, in the same order (an aborted
- * checkpoint loses nothing), and recorded here.  The kernel's SigPnd and
- * ShdPnd masks say when a queue is empty; a periodic ITIMER_REAL's SIGALRM
- * is left alone (taking it re-arms the timer): recorded without siginfo.
+ * thread: at the dump's instant (ck_take_all_pending), each parked thread
+ * takes its private ones, the main thread the process-wide ones too, the
+ * checkpoint thread its own.  Everything taken is queued again at once, in
+ * the same order (an aborted checkpoint loses nothing), and recorded here:
+ * a POSIX timer's own signal by making the timer fire again with its
+ * overrun (dump_timers.c), which rt_sigqueueinfo could not (the timer would
+ * queue a second signal instead of counting an overrun).  The kernel's
+ * SigPnd and ShdPnd masks say when a queue is empty; a periodic
+ * ITIMER_REAL's SIGALRM is left alone (taking it re-arms the timer):
+ * recorded without siginfo.
  */
 #define CK_PENDING_POOL 4096
 static struct ck_pending pend_pool[CK_PENDING_POOL];
+static int64_t pend_at[CK_PENDING_POOL];  /* a timer's signal: the expiry it was put back at */
 static uint32_t npend;
 static volatile uint32_t pend_lock;
 static volatile uint32_t pend_failed;  /* 1: pool full, 2: a signal could not be queued again */
+
+/* the dump asks the parked threads to take their queues (a futex bump) */
+static volatile uint32_t service_gen;
+static volatile uint32_t served;
 
 static uint64_t pending_mask(int shared)
 {
@@ -233,25 +243,77 @@ void ck_take_pending(int which)
                 r->tid = shared ? 0 : tid;
                 r->signo = s;
                 r->has_info = 1;
-                npend++;
+                /* a timer fired again as its signal was taken: one signal
+                 * of the kernel's counting 1 + overrun more expirations */
+                struct ck_pending *same = 0;
+                for (uint32_t k = first; k < npend && CK_SIGINFO_CODE(r->info) == CK_SI_TIMER; k++)
+                    if (pend_pool[k].tid == r->tid && pend_pool[k].signo == s &&
+                        CK_SIGINFO_CODE(pend_pool[k].info) == CK_SI_TIMER &&
+                        CK_SIGINFO_TIMERID(pend_pool[k].info) == CK_SIGINFO_TIMERID(r->info))
+                        same = &pend_pool[k];
+                if (same)
+                    CK_SIGINFO_OVERRUN(same->info) += 1 + CK_SIGINFO_OVERRUN(r->info);
+                else
+                    npend++;
             }
         }
     }
     for (uint32_t i = first; i < npend; i++) {
         struct ck_pending *r = &pend_pool[i];
-        long rc = r->tid ? ck_rt_tgsigqueueinfo(pid, tid, r->signo, r->info)
-                         : ck_sc3(SYS_rt_sigqueueinfo, pid, r->signo, r->info);
+        long rc = -ENOENT;
+        if (CK_SIGINFO_CODE(r->info) == CK_SI_TIMER)
+            rc = ck_timer_requeue_taken(r->info, &pend_at[i]);
+        if (rc != -ENOENT) {
+            /* a timer's own signal; one it could not put back is queued
+             * all the same (not lost), and the checkpoint fails */
+            if (rc < 0 && r->tid)
+                ck_rt_tgsigqueueinfo(pid, tid, r->signo, r->info);
+            else if (rc < 0)
+                ck_sc3(SYS_rt_sigqueueinfo, pid, r->signo, r->info);
+        } else if (r->tid) {
+            rc = ck_rt_tgsigqueueinfo(pid, tid, r->signo, r->info);
+        } else {
+            rc = ck_sc3(SYS_rt_sigqueueinfo, pid, r->signo, r->info);
+        }
         if (rc < 0)
             pend_failed = 2;
     }
     __atomic_store_n(&pend_lock, 0, __ATOMIC_RELEASE);
 }
 
-struct ck_pending *ck_taken_pending(uint32_t *n, uint32_t *failed)
+struct ck_pending *ck_taken_pending(uint32_t *n, uint32_t *failed, const int64_t **at)
 {
     *n = npend;
     *failed = pend_failed;
+    *at = pend_at;
     return pend_pool;
+}
+
+/* At the dump's instant, with every other thread parked: each takes its own
+ * queue (the main thread the process-wide one too), then the caller its own.
+ * -1 if a parked thread has not done so within 10 s. */
+int ck_take_all_pending(void)
+{
+    int64_t deadline = ck_now_ns(CLOCK_MONOTONIC) + 10000000000LL;
+    uint32_t want = __atomic_load_n(&nslots, __ATOMIC_ACQUIRE);
+    if (want > CK_MAX_THREADS)
+        want = CK_MAX_THREADS;
+    npend = 0;
+    pend_failed = 0;
+    __atomic_store_n(&served, 0, __ATOMIC_RELEASE);
+    __atomic_fetch_add(&service_gen, 1, __ATOMIC_ACQ_REL);
+    for (;;) {
+        /* parked threads sleep on release_gen: a wake makes them look */
+        ck_futex_wake_all(&release_gen);
+        uint32_t got = __atomic_load_n(&served, __ATOMIC_ACQUIRE);
+        if (got >= want)
+            break;
+        if (ck_now_ns(CLOCK_MONOTONIC) > deadline)
+            return -1;
+        ck_futex_wait(&served, got, 2);
+    }
+    ck_take_pending(CK_TAKE_OWN);
+    return 0;
 }
 
 static void quiesce_handler(int sig, siginfo_t *si, void *ucv)
@@ -274,14 +336,27 @@ static void quiesce_handler(int sig, siginfo_t *si, void *ucv)
         ck_fill_thread(t, mask);
         /* the process-wide queue is the leader's to take: the kernel lets a
          * siginfo of any origin be queued again process-wide only by it */
-        ck_take_pending((t->flags & CK_THREAD_MAIN) ? CK_TAKE_OWN | CK_TAKE_SHARED : CK_TAKE_OWN);
+        volatile int which = (t->flags & CK_THREAD_MAIN) ? CK_TAKE_OWN | CK_TAKE_SHARED : CK_TAKE_OWN;
+        /* in memory, not a register: a restored thread must not serve again */
+        volatile uint32_t seen = __atomic_load_n(&service_gen, __ATOMIC_ACQUIRE);
         if (ck_save_ctx(&t->ctx) == 0) {
             __atomic_fetch_add(&parked, 1, __ATOMIC_RELEASE);
             ck_futex_wake_all(&parked);
         } else {
             /* restored: we are back in shim code, off the restorer's stack */
+            seen = __atomic_load_n(&service_gen, __ATOMIC_ACQUIRE);
             __atomic_fetch_add(&ck_restart.arrived, 1, __ATOMIC_RELEASE);
             ck_futex_wake_all(&ck_restart.arrived);
+        }
+        while (__atomic_load_n(&release_gen, __ATOMIC_ACQUIRE) == gen) {
+            uint32_t s = __atomic_load_n(&service_gen, __ATOMIC_ACQUIRE);
+            if (s != seen) {
+                seen = s;
+                ck_take_pending(which);
+                __atomic_fetch_add(&served, 1, __ATOMIC_RELEASE);
+                ck_futex_wake_all(&served);
+            }
+            ck_futex_wait(&release_gen, gen, -1);
         }
     } else {
         __atomic_fetch_add(&parked, 1, __ATOMIC_RELEASE);
@@ -398,6 +473,11 @@ int ck_quiesce(long timeout_ms, char *err, size_t errcap)
             ck_buf_str(&eb, "cannot allocate checkpoint scratch memory");
             return -1;
         }
+    }
+    const char *timers = ck_timers_refusal(0);
+    if (timers) {
+        ck_buf_str(&eb, timers);
+        return -1;
     }
     int self = (int)ck_gettid(), pid = (int)ck_getpid();
     nsignalled = 0;

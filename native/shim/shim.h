@@ -82,7 +82,11 @@ struct ck_thread *ck_parked_threads(uint32_t *n) CK_HIDDEN;
 #define CK_TAKE_OWN 1     /* the calling thread's own queue */
 #define CK_TAKE_SHARED 2  /* the process-wide queue */
 void ck_take_pending(int which) CK_HIDDEN;
-struct ck_pending *ck_taken_pending(uint32_t *n, uint32_t *failed) CK_HIDDEN;
+struct ck_pending *ck_taken_pending(uint32_t *n, uint32_t *failed, const int64_t **at) CK_HIDDEN;
+int ck_take_all_pending(void) CK_HIDDEN;
+/* dump_timers.c: POSIX timers */
+const char *ck_timers_refusal(int strict) CK_HIDDEN;
+long ck_timer_requeue_taken(const uint8_t *info, int64_t *at) CK_HIDDEN;
 void ck_fill_thread(struct ck_thread *t, uint64_t sigmask) CK_HIDDEN;
 /* after a restore: wait until every parked thread is back in shim code */
 void ck_wait_threads_arrived(uint32_t n) CK_HIDDEN;
@@ -138,6 +142,7 @@ struct ck_image {
     int retry; /* the failure recorded last is a passing state: worth another round (ck_image_passing) */
 };
 uint32_t ck_image_string(struct ck_image *im, const char *s) CK_HIDDEN;
+int ck_dump_timers(struct ck_image *im, struct ck_pending *taken, const int64_t *at, uint32_t ntaken) CK_HIDDEN;
 /* quiesce.c: a registration the program made itself with syscall(SYS_rseq) */
 void ck_rseq_registered(long area, uint32_t len, int flags, uint32_t sig) CK_HIDDEN;
 int ck_image_fail(struct ck_image *im, const char *what, const char *detail, long rc) CK_HIDDEN;

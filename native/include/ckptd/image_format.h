@@ -409,6 +409,22 @@ struct ck_itimer {
     int64_t value_usec;
 };
 
+/* issue 19: a POSIX timer (timer_create), ntimers of them in BLOB at
+   ck_proc.timers_off, by ascending id; saved by native/shim/dump_timers.c,
+   created again with the same id by native/restorer/timers.c */
+#define CK_TIMER_NOTIFY_TID 4       /* SIGEV_THREAD_ID, or'ed into notify */
+struct ck_posix_timer {
+    int32_t id;                 /* the kernel's timer id (glibc's timer_t) */
+    int32_t clock;              /* CLOCK_REALTIME, MONOTONIC, BOOTTIME or TAI */
+    int32_t signo;
+    int32_t notify;             /* SIGEV_SIGNAL or SIGEV_NONE, | CK_TIMER_NOTIFY_TID */
+    int32_t tid;                /* SIGEV_THREAD_ID: the target thread */
+    int32_t overrun_last;       /* timer_getoverrun(): the overrun of the last signal taken */
+    uint64_t value;             /* sigev_value */
+    int64_t interval_ns;
+    int64_t remaining_ns;       /* until the next expiry, 0: disarmed */
+};
+
 struct ck_proc {
     int32_t pid;                /* inside the job's pid namespace */
     int32_t ppid;
@@ -458,6 +474,15 @@ struct ck_proc {
     uint32_t cwd_mode;
     uint32_t cwd_uid;
     uint32_t cwd_gid;
+    /* issue 19: POSIX timers, ntimers struct ck_posix_timer in BLOB at
+       timers_off; next_timer_id is the id the next timer_create returns
+       (-1: unknown, the kernel cannot set ids); timer_restore_ids is the
+       process's PR_GET_TIMER_CREATE_RESTORE_IDS */
+    uint32_t ntimers;
+    int32_t next_timer_id;
+    uint64_t timers_off;
+    uint32_t timer_restore_ids;
+    uint32_t pad_timers;
 };
 
 /*
