@@ -58,7 +58,9 @@ from .shim_link import ShimConnection, ShimError
 log = logging.getLogger(__name__)
 
 SHIM_REGISTRATION_WAIT_S = 5.0
-DUMP_TIMEOUT_S = 6 * 3600.0
+# how long a process may take to write its images (tests shorten it: a
+# stopped writer must fail a round in seconds, not hours)
+DUMP_TIMEOUT_S = float(os.environ.get("CKPTD_DUMP_TIMEOUT_S") or 6 * 3600.0)
 MAX_QUIESCE_PASSES = 20
 PREMAP_TIMEOUT_S = 2.0  # reading smaps early; skipped past this
 SETTLE_MS = 500  # how long unsent TCP bytes may take to leave (a delayed ACK is up to 200 ms)
@@ -659,6 +661,7 @@ class Checkpointer:
         t0 = time.monotonic()
         warming = self._warm_identities(d, dumps)
         self._wait_for_pages(job, d, dumps)
+        job.fault("flush")
         warming.join()
         for pd in dumps:  # written as the job's owner, read here as root: nothing but its own files
             check_owned_tree(d / pd.dir, job.owner)

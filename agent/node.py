@@ -9,7 +9,7 @@ import socket
 import threading
 from pathlib import Path
 
-from ckptd import limits
+from ckptd import faults, limits
 from ckptd.errors import CkptdError, Code
 from ckptd.image.checksum import IdentityCache
 from ckptd.image.manifest import RankPart
@@ -418,6 +418,7 @@ class AgentNode:
             )
         check_checkpoint_dir(spec, checkpoint)  # the job's own checkpoint, in its own directory
         verified = verify_checkpoint(spec.name, checkpoint, allow_changed, self.identities, self.transfers)
+        faults.point("verify", "agent")
         job = self._track(spec, owner)
         try:
             job_dir_of(spec).ensure(spec.ckpt_dir, owner.uid)

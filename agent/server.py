@@ -103,20 +103,27 @@ class AgentService(pb_grpc.AgentServicer):
     def Prepare(self, request: pb.PrepareRequest, context: grpc.ServicerContext) -> pb.PrepareResponse:
         self._coordinator(context)
         job = self.node.get(request.job)
-        return self.node.checkpointer.prepare(
+        reply = self.node.checkpointer.prepare(
             job, request.checkpoint_id, request.timeout_s or 10.0, request.dir, check_space=not request.incremental
         )
+        job.fault("prepare")
+        return reply
 
     @rpc_method
     def Drain(self, request: pb.ResumeRequest, context: grpc.ServicerContext) -> pb.Empty:
         self._coordinator(context)
-        self.node.checkpointer.drain(self.node.get(request.job))
+        job = self.node.get(request.job)
+        self.node.checkpointer.drain(job)
+        job.fault("drain")
         return pb.Empty()
 
     @rpc_method
     def Dump(self, request: pb.DumpRequest, context: grpc.ServicerContext) -> pb.DumpResponse:
         self._coordinator(context)
-        return self.node.checkpointer.dump(self.node.get(request.job), request)
+        job = self.node.get(request.job)
+        reply = self.node.checkpointer.dump(job, request)
+        job.fault("dump")
+        return reply
 
     @rpc_method
     def Resume(self, request: pb.ResumeRequest, context: grpc.ServicerContext) -> pb.Empty:
@@ -124,6 +131,7 @@ class AgentService(pb_grpc.AgentServicer):
         job = self.node.get(request.job)
         if not self.node.release(job):  # a rank held after its restore, or a checkpoint's pause
             self.node.checkpointer.resume(job)
+            job.fault("resume")
         return pb.Empty()
 
     @rpc_method
@@ -155,7 +163,9 @@ class AgentService(pb_grpc.AgentServicer):
     @rpc_method
     def Finalize(self, request: pb.FinalizeRequest, context: grpc.ServicerContext) -> pb.FinalizeResponse:
         self._coordinator(context)
-        part = self.node.manifest_part(self.node.get(request.job), request)
+        job = self.node.get(request.job)
+        part = self.node.manifest_part(job, request)
+        job.fault("finalize")
         return pb.FinalizeResponse(manifest_part_json=json.dumps(part.to_json()))
 
     @rpc_method

@@ -39,6 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from ckptd import faults
 from ckptd.errors import CkptdError, Code
 from ckptd.image.checksum import ALGORITHM, hash_file
 from ckptd.image.manifest import Chain, Manifest, RankEntry, RankPart, Sizes, write_manifest
@@ -168,6 +169,7 @@ class CheckpointRound:
         dirs = {t: (tmp / f"rank-{t.rank.rank}" if t.rank else tmp) for t in targets}
         for d in dirs.values():
             d.mkdir(exist_ok=True)
+        faults.point("reserve", "coordinator")
         timings: dict[str, float] = {}
         parked: dict[Target, pb_grpc.AgentStub] = {}
 
@@ -176,6 +178,7 @@ class CheckpointRound:
             t = time.monotonic()
             replies = self._on_all(stubs, method, make, timeout)
             timings[key] = time.monotonic() - t
+            faults.point(method.lower(), "coordinator")
             return replies
 
         def request(t: Target) -> pb.ResumeRequest:
@@ -240,6 +243,7 @@ class CheckpointRound:
                 parent=parent if depends else "", depends_on=depends, depth=parent_depth + 1 if depends else 0
             )
             write_manifest(tmp, manifest.to_json())
+            faults.point("commit", "coordinator")
             final = self.catalog.commit(tmp, job_dir, ckpt_id)
         except BaseException:
             record.in_flight = None

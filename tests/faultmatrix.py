@@ -49,7 +49,7 @@ def collect(reports: Iterable[Any]) -> dict[tuple[str, str], tuple[str, str]]:
                 continue
             key = (value["fault"], value["phase"])
             if report.skipped:
-                result = "skipped"
+                result = "xfail" if hasattr(report, "wasxfail") else "skipped"
             elif report.failed:
                 result = "FAILED"
             elif report.when == "call":
@@ -57,7 +57,7 @@ def collect(reports: Iterable[Any]) -> dict[tuple[str, str], tuple[str, str]]:
             else:
                 continue
             previous = cells.get(key, ("", ""))[0]
-            if previous in ("FAILED",) or (previous == "held" and result == "skipped"):
+            if previous in ("FAILED", "xfail") or (previous == "held" and result == "skipped"):
                 continue
             cells[key] = (result, value["promise"])
     return cells
