@@ -20,18 +20,20 @@ the output of an uninterrupted run.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import faultmatrix
 import psutil
 import pytest
-from conftest import CKPTCTL, Ckptd, compile_workload, run_plain
+from conftest import CKPTCTL, CKPTD, Ckptd, compile_workload, run_plain
 
 JOB = "fj"
 
@@ -47,14 +49,20 @@ def fault_job(tmp_path_factory: pytest.TempPathFactory) -> str:
     return compile_workload(tmp_path_factory, "fault_job")
 
 
+def fault_env(c: Ckptd, tmp: Path) -> Path:
+    """The environment of every ckptd process and job of a cell: the fault file, short timeouts."""
+    c.env["CKPTD_FAULT"] = f"@{tmp / 'fault'}"
+    c.env["CKPTD_DUMP_TIMEOUT_S"] = "8"  # a stopped writer fails the round in seconds
+    c.env["CKPTD_RELEASE_TIMEOUT_S"] = "4"  # and a stopped process its release
+    return tmp / "fault"
+
+
 class Cell:
     """One job under one daemon, armed for one fault."""
 
     def __init__(self, c: Ckptd, tmp: Path, exe: str, *extra: str) -> None:
         self.c, self.tmp = c, tmp
-        self.armed = tmp / "fault"
-        c.env["CKPTD_FAULT"] = f"@{self.armed}"
-        c.env["CKPTD_DUMP_TIMEOUT_S"] = "8"  # a stopped writer fails the round in seconds
+        self.armed = fault_env(c, tmp)
         self.go = tmp / "go"
         ready = tmp / "plain-go"
         ready.touch()
@@ -76,7 +84,7 @@ class Cell:
         return self.c.ctl(*args, check=False, timeout=timeout)
 
     def wait_daemon_gone(self) -> None:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 90
         while self.c.daemon_pids():
             assert time.monotonic() < deadline, "the daemon did not die"
             time.sleep(0.05)
@@ -258,13 +266,6 @@ def test_writer_killed(ckptd: Ckptd, tmp_path: Path, fault_job: str, phase: str)
     cell.restores_identical()
 
 
-HUNG_WRITER = (
-    "FLUSH timed out on the agent's side, but the shim's checkpoint thread still waits for the stopped writer "
-    "(no DISCARD after a failed finalize): the writer is left, and the process answers nothing more"
-)
-
-
-@pytest.mark.xfail(reason=HUNG_WRITER, strict=True)
 @pytest.mark.parametrize(
     "phase", cells("SIGSTOP writer", ("dump", "flush"), WRITER + LAST_GOOD, slow=("dump", "flush"))
 )
@@ -272,9 +273,11 @@ def test_writer_hung(ckptd: Ckptd, tmp_path: Path, fault_job: str, phase: str) -
     cell = Cell(ckptd, tmp_path, fault_job, "--full-every", "1")
     cell.arm(f"writer:{phase}:STOP")
     p = cell.attempt("checkpoint", JOB)
-    assert cell.fired() and p.returncode != 0, p.stdout
+    assert cell.fired()
+    # the round whose writer hung is discarded and the writer killed; the next try may commit
+    assert "did not answer FLUSH" in (ckptd.home / "logs" / "daemon.log").read_text()
     cell.nothing_left()
-    assert cell.ids() == [1]
+    assert cell.ids() == ([1, 2] if p.returncode == 0 else [1])
     cell.runs_on()
     deadline = time.monotonic() + 10
     while cell.writers():
@@ -430,11 +433,181 @@ def test_kill_after_a_readoption_says_killed(ckptd: Ckptd, tmp_path: Path, fault
 
 def test_restart_right_after_killing_a_readopted_job(ckptd: Ckptd, tmp_path: Path, fault_job: str) -> None:
     """A restart right after `kill` failed with `still running on vm (pids )`."""
+    from ckptd.v1 import ckptd_pb2 as pb
+
     cell = _readopted(ckptd, tmp_path, fault_job)
-    ckptd.ctl("kill", JOB)
-    ckptd.ctl("restart", JOB)
+    # back to back, as a script's two commands would be on a fast machine (the CLI's start-up hid it)
+    ckptd._rpc("KillJob", pb.KillJobRequest(job=JOB), 60, "kill")
+    ckptd._rpc("Restart", pb.RestartRequest(job=JOB), 120, "restart")
     cell.go.touch()
     Path(f"{cell.go}2").touch()
     assert ckptd.wait(JOB) == 0
     assert ckptd.log(JOB, "stdout") == cell.plain.stdout
     cell.nothing_left()
+
+
+# ---- multi-node mode: a coordinator and an agent, each its own process ----
+
+
+def _serves(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(2)
+        try:
+            s.connect(str(path))
+            return True
+        except OSError:
+            return False
+
+
+class Split:
+    """`ckptd coordinator` and `ckptd agent` as two processes (the daemon's two halves)."""
+
+    def __init__(self, c: Ckptd, tmp: Path) -> None:
+        self.c, self.tmp = c, tmp
+        self.sock = tmp / "coord.sock"
+        c.env["CKPTD_COORDINATOR"] = f"unix:{self.sock}"
+        fault_env(c, tmp)
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.start("coordinator")
+        self.start("agent")
+
+    def start(self, who: str) -> None:
+        argv = (
+            [CKPTD, "coordinator", "--listen", f"unix:{self.sock}"]
+            if who == "coordinator"
+            else [CKPTD, "agent", "--coordinator", f"unix:{self.sock}",
+                  "--listen", f"unix:{self.tmp / 'agent.sock'}"]
+        )  # fmt: skip
+        with open(self.tmp / f"{who}.log", "ab") as out:
+            self.procs[who] = subprocess.Popen(argv, env=self.c.env, stdout=out, stderr=out, start_new_session=True)
+        if who == "agent":  # served (a killed one's heartbeat may still make its node look alive)
+            deadline = time.monotonic() + 30
+            while not _serves(self.tmp / "agent.sock"):
+                assert time.monotonic() < deadline and self.procs[who].poll() is None, "the agent did not start"
+                time.sleep(0.1)
+        if who == "agent" or "agent" in self.procs:
+            self.wait_node()
+
+    def wait_node(self) -> None:
+        deadline = time.monotonic() + 30
+        while True:
+            p = self.c.ctl("nodes", "--json", check=False)
+            if p.returncode == 0 and any(n.get("alive") for n in json.loads(p.stdout)):
+                return
+            assert time.monotonic() < deadline, f"no live node: {p.stdout} {p.stderr}"
+            time.sleep(0.2)
+
+    def died(self, who: str) -> None:
+        assert self.procs[who].wait(timeout=60) is not None
+
+    def stop(self) -> None:
+        for p in self.procs.values():
+            with contextlib.suppress(ProcessLookupError):
+                p.kill()
+            p.wait()
+
+
+@pytest.fixture
+def split(ckptd: Ckptd, tmp_path: Path) -> Iterator[Split]:
+    s = Split(ckptd, tmp_path)
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+COORDINATOR = ("reserve", "prepare", "drain", "dump", "finalize", "commit", "resume")
+COORDINATOR_KILLED = (
+    "the round is not committed; the agent releases the parked job; the next coordinator removes what it left"
+)
+
+
+@pytest.mark.parametrize(
+    "phase", cells("SIGKILL coordinator", COORDINATOR, COORDINATOR_KILLED + LAST_GOOD, slow=COORDINATOR[:-1])
+)
+def test_coordinator_killed_during_a_checkpoint(
+    ckptd: Ckptd, split: Split, tmp_path: Path, fault_job: str, phase: str
+) -> None:
+    cell = Cell(ckptd, tmp_path, fault_job)
+    cell.arm(f"coordinator:{phase}:KILL")
+    p = cell.attempt("checkpoint", JOB)
+    assert cell.fired() and p.returncode != 0, p.stdout
+    split.died("coordinator")
+    split.start("coordinator")
+    cell.nothing_left()
+    assert cell.ids() == [1]
+    cell.runs_on()
+    cell.restores_identical()
+
+
+AGENT_KILLED = "the round is not committed; the job runs on; the next agent re-adopts it"
+
+
+@pytest.mark.parametrize(
+    "phase", cells("SIGKILL agent", AGENT_CHECKPOINT, AGENT_KILLED + LAST_GOOD, slow=AGENT_CHECKPOINT[1:])
+)
+def test_agent_killed_during_a_checkpoint(
+    ckptd: Ckptd, split: Split, tmp_path: Path, fault_job: str, phase: str
+) -> None:
+    cell = Cell(ckptd, tmp_path, fault_job)
+    cell.arm(f"agent:{phase}:KILL")
+    p = cell.attempt("checkpoint", JOB)
+    assert cell.fired() and p.returncode != 0, p.stdout
+    split.died("agent")
+    split.start("agent")
+    cell.nothing_left()
+    assert cell.ids() == [1]
+    cell.runs_on()
+    cell.restores_identical()
+
+
+@pytest.mark.parametrize(
+    "phase", cells("SIGKILL agent", ("verify", "rebuild", "release"), UNVERIFIED, slow=("verify", "release"))
+)
+def test_agent_killed_during_a_restart(ckptd: Ckptd, split: Split, tmp_path: Path, fault_job: str, phase: str) -> None:
+    cell = Cell(ckptd, tmp_path, fault_job)
+    p = _restart_with(cell, f"agent:{phase}:KILL")
+    assert p.returncode != 0
+    split.died("agent")
+    size = ckptd.log_file(JOB).stat().st_size
+    split.start("agent")
+    if phase == "release":
+        cell.wait_state("running", "failed")
+    else:
+        cell.wait_state("failed", "lost")
+        assert ckptd.log_file(JOB).stat().st_size == size  # not one more line
+    cell.nothing_left()
+    cell.restores_identical()
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(
+            f"{who}:{phase}",
+            marks=[faultmatrix.cell(f"SIGSTOP {who}", phase, STOPPED + LAST_GOOD), pytest.mark.slow],
+            id=f"{who}-{phase}",
+        )
+        for who in ("coordinator", "agent")
+        for phase in ("prepare", "dump")
+    ],
+)
+def test_half_hung_during_a_checkpoint(ckptd: Ckptd, split: Split, tmp_path: Path, fault_job: str, case: str) -> None:
+    who, phase = case.split(":")
+    cell = Cell(ckptd, tmp_path, fault_job)
+    cell.arm(f"{who}:{phase}:STOP")
+    p = subprocess.Popen([CKPTCTL, "checkpoint", JOB], env=ckptd.env, stderr=subprocess.PIPE, text=True)
+    pid = split.procs[who].pid
+    deadline = time.monotonic() + 30
+    while not (cell.fired() and psutil.Process(pid).status() == psutil.STATUS_STOPPED):
+        assert time.monotonic() < deadline and p.poll() is None, "it never stopped"
+        time.sleep(0.05)
+    time.sleep(8)  # longer than the agent's wait for a heartbeat answer
+    os.kill(pid, signal.SIGCONT)
+    rc = p.wait(timeout=120)
+    if p.stderr:
+        p.stderr.close()
+    cell.nothing_left()
+    assert cell.ids() == ([1, 2] if rc == 0 else [1])
+    cell.runs_on()
+    cell.restores_identical()
