@@ -431,6 +431,8 @@ def resume_restored(job: JobRuntime, conns: list[ShimConnection], name: str) -> 
                 Code.FAILED_PRECONDITION, f"restart of job {job.name} from {name} failed: {e.message}"
             ) from None
     with job.cond:
+        if job.state is not JobState.RESTORING:  # it ended meanwhile (its monitor said how): not running
+            return
         job.state = JobState.RUNNING
         job.message = f"restored from {name}"
         job.operation = ""
