@@ -52,13 +52,17 @@ from .gpu import DeviceMemory, cuda_pids
 from .owner import Owner, check_owned_tree, fs_ids, give_dir, open_to_owner
 from .process_state import stopped, why_not_saveable
 from .progress import Transfer, Transfers, resident_anon
-from .runtime import JobRuntime, exe_of, ns_pid
+from .runtime import WRITER_COMM, JobRuntime, exe_of, ns_pid
 from .shim_link import ShimConnection, ShimError
 
 log = logging.getLogger(__name__)
 
 SHIM_REGISTRATION_WAIT_S = 5.0
-DUMP_TIMEOUT_S = 6 * 3600.0
+# how long a process may take to write its images (tests shorten it: a
+# stopped writer must fail a round in seconds, not hours)
+DUMP_TIMEOUT_S = float(os.environ.get("CKPTD_DUMP_TIMEOUT_S") or 6 * 3600.0)
+# how long RESUME, ABORT and DISCARD wait for a process's answer (tests shorten it: a stopped process)
+RELEASE_TIMEOUT_S = float(os.environ.get("CKPTD_RELEASE_TIMEOUT_S") or 30.0)
 MAX_QUIESCE_PASSES = 20
 PREMAP_TIMEOUT_S = 2.0  # reading smaps early; skipped past this
 SETTLE_MS = 500  # how long unsent TCP bytes may take to leave (a delayed ACK is up to 200 ms)
@@ -145,6 +149,15 @@ def _bytes_under(directory: Path) -> int:
                 with os.scandir(proc.path) as files:
                     total += sum(f.stat().st_size for f in files if f.is_file())
     return total
+
+
+def _kill_writers(host_pid: int) -> None:
+    """SIGKILL the page writers a process forked (its shim reaps them)."""
+    with contextlib.suppress(psutil.Error):
+        for child in psutil.Process(host_pid).children():
+            with contextlib.suppress(psutil.Error):
+                if child.name() == WRITER_COMM:
+                    child.kill()
 
 
 def _cannot_save(job: JobRuntime, pid: int, why: str) -> CkptdError:
@@ -502,9 +515,18 @@ class Checkpointer:
 
     @staticmethod
     def _release(conns: list[ShimConnection], command: str) -> None:
-        for conn in conns:
+        """Every process at once: one that cannot answer (stopped) delays none of the others."""
+
+        def one(conn: ShimConnection) -> None:
             with contextlib.suppress(CkptdError):
-                conn.request(command, timeout=30)
+                conn.request(command, timeout=RELEASE_TIMEOUT_S)
+
+        if len(conns) <= 1:
+            for conn in conns:
+                one(conn)
+            return
+        with ThreadPoolExecutor(max_workers=min(len(conns), DUMP_PARALLEL)) as pool:
+            list(pool.map(one, conns))
 
     @staticmethod
     def _back_to_running(job: JobRuntime) -> None:
@@ -567,6 +589,10 @@ class Checkpointer:
                     # one that exited meanwhile (a short-lived worker, say) left
                     # its writer to finish, or finished it on its way out
                     failure = "" if conn.closed.is_set() else e.message
+                    if e.code is Code.DEADLINE_EXCEEDED:
+                        # a writer that makes no progress (stopped, hung on storage): the
+                        # process's checkpoint thread waits for it, and would answer nothing more
+                        _kill_writers(pd.host_pid)
             if not failure:
                 _wait_unlocked(pdir / "pages.img.part", DUMP_TIMEOUT_S)
             if (pdir / "pages.img").exists():
@@ -676,6 +702,7 @@ class Checkpointer:
         t0 = time.monotonic()
         warming = self._warm_identities(d, dumps)
         self._wait_for_pages(job, d, dumps)
+        job.fault("flush")
         warming.join()
         for pd in dumps:  # written as the job's owner, read here as root: nothing but its own files
             check_owned_tree(d / pd.dir, job.owner)

@@ -9,7 +9,7 @@ import socket
 import threading
 from pathlib import Path
 
-from ckptd import limits
+from ckptd import faults, limits
 from ckptd.errors import CkptdError, Code
 from ckptd.image.checksum import IdentityCache
 from ckptd.image.manifest import RankPart
@@ -457,6 +457,7 @@ class AgentNode:
             verified = verify_checkpoint(spec.name, checkpoint, allow_changed, self.identities, self.transfers)
         except OSError as e:  # the storage failed under the reads: say which file, not "internal error"
             raise _unreadable(checkpoint, e) from e
+        faults.point("verify", "agent")
         job = self._track(spec, owner)
         try:
             job_dir_of(spec).ensure(spec.ckpt_dir, owner.uid)

@@ -312,6 +312,7 @@ def restore_job(
         if key_fd is not None:
             os.close(key_fd)
         started = True
+        job.fault("rebuild")
         with job.cond:
             job.operation = f"restart from {name}: rebuilding {len(procs)} process(es)"
         job.restored_cuda = {int(p["pid"]) for p in procs if p.get("cuda")}
@@ -374,6 +375,7 @@ def _after_lazy_resume(
     fill = job.lazy
     assert fill is not None
     generation = job.generation
+    job.fault("lazy fill")
     fill.watch(lambda why: job.fail_running(generation, f"lazy restart from {name} failed: {why}"))
 
     def check() -> None:
@@ -413,6 +415,7 @@ def resume_restored(job: JobRuntime, conns: list[ShimConnection], name: str) -> 
     """Every process is rebuilt and parked: they run again together."""
     for conn in conns:
         conn.request("RESUME", timeout=30)
+    job.fault("release")
     inc = job.incarnation
     if inc is not None and not inc.released:
         inc.released = True  # after the last RESUME: one agent restart sooner kills them all
@@ -428,6 +431,8 @@ def resume_restored(job: JobRuntime, conns: list[ShimConnection], name: str) -> 
                 Code.FAILED_PRECONDITION, f"restart of job {job.name} from {name} failed: {e.message}"
             ) from None
     with job.cond:
+        if job.state is not JobState.RESTORING:  # it ended meanwhile (its monitor said how): not running
+            return
         job.state = JobState.RUNNING
         job.message = f"restored from {name}"
         job.operation = ""

@@ -16,6 +16,7 @@ import contextlib
 import json
 import logging
 import os
+import select
 import shutil
 import signal
 import socket
@@ -30,6 +31,7 @@ from pathlib import Path
 import psutil
 from google.protobuf import json_format
 
+from ckptd import faults
 from ckptd.errors import CkptdError, Code
 from ckptd.image.crypt import job_key
 from ckptd.jobstate import LIVE, JobState
@@ -205,6 +207,19 @@ class JobRuntime:
         except psutil.Error:
             return []
         return [c for c in procs if not _is_writer(c)]
+
+    def init_pids(self) -> list[int]:
+        """Host pids of the incarnation's ckptd-init: its relay, then its reaper."""
+        init = self._init_process()
+        if init is None:
+            return []
+        with contextlib.suppress(psutil.Error):
+            return [init.pid, *(c.pid for c in init.children())]
+        return [init.pid]
+
+    def fault(self, phase: str) -> None:
+        """A test's fault point (ckptd/faults.py) at the end of `phase` on this job."""
+        faults.point(phase, "agent", self.live_pids, self.init_pids)
 
     def live_pids(self) -> list[int]:
         """Host pids of the job's processes (the reaper excluded)."""
@@ -477,10 +492,12 @@ class JobRuntime:
             rc = popen.wait()
         else:
             rc = None
-            while self._init_process() is not None and self.incarnation is inc:
-                time.sleep(0.5)
+            self._wait_adopted(inc)
         with self.owner_files():  # written by the relay, as the job's owner
             exit_info = self._read_exit(inc, rc)
+        # a relay killed (with its namespace, or by kill -9) leaves its control socket: the job is over
+        with contextlib.suppress(OSError):
+            os.unlink(inc.control)
         with self.cond:
             if self.incarnation is not inc:
                 return
@@ -512,6 +529,25 @@ class JobRuntime:
             self.cond.notify_all()
         log.info("job %s generation %d ended: %s (%s)", self.name, inc.generation, self.state, self.message)
         self._on_change(self)
+
+    def _wait_adopted(self, inc: Incarnation) -> None:
+        """Until an adopted incarnation's ckptd-init (not our child) is gone:
+        at once through a pidfd, so that `ckptctl kill` answers with the end
+        it caused, not a stale "running"."""
+        init = self._init_process()
+        fd = -1
+        if init is not None:
+            with contextlib.suppress(OSError):
+                fd = os.pidfd_open(init.pid)
+        try:
+            while self._init_process() is not None and self.incarnation is inc:
+                if fd < 0:
+                    time.sleep(0.5)
+                else:
+                    select.select([fd], [], [], 0.5)
+        finally:
+            if fd >= 0:
+                os.close(fd)
 
     @staticmethod
     def _init_error(inc: Incarnation) -> str:
@@ -619,7 +655,8 @@ class JobRuntime:
     def wait_ended(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         with self.cond:
-            while self.state in LIVE and self._init_process() is not None:
+            # until its monitor has recorded the end (the state a caller reports), not only until init is gone
+            while self.state in LIVE and (self.incarnation is not None or self._init_process() is not None):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False

@@ -115,21 +115,27 @@ class AgentService(pb_grpc.AgentServicer):
             job, request.checkpoint_id, request.timeout_s or 10.0, request.dir, check_space=not request.incremental
         )
         reply.local_s = time.monotonic() - t0
+        job.fault("prepare")
         return reply
 
     @rpc_method
     def Drain(self, request: pb.ResumeRequest, context: grpc.ServicerContext) -> pb.PhaseResponse:
         self._coordinator(context)
         t0 = time.monotonic()
-        self.node.checkpointer.drain(self.node.get(request.job))
-        return pb.PhaseResponse(local_s=time.monotonic() - t0)
+        job = self.node.get(request.job)
+        self.node.checkpointer.drain(job)
+        local_s = time.monotonic() - t0
+        job.fault("drain")
+        return pb.PhaseResponse(local_s=local_s)
 
     @rpc_method
     def Dump(self, request: pb.DumpRequest, context: grpc.ServicerContext) -> pb.DumpResponse:
         self._coordinator(context)
         t0 = time.monotonic()
-        reply = self.node.checkpointer.dump(self.node.get(request.job), request)
+        job = self.node.get(request.job)
+        reply = self.node.checkpointer.dump(job, request)
         reply.local_s = time.monotonic() - t0
+        job.fault("dump")
         return reply
 
     @rpc_method
@@ -139,6 +145,7 @@ class AgentService(pb_grpc.AgentServicer):
         job = self.node.get(request.job)
         if not self.node.release(job):  # a rank held after its restore, or a checkpoint's pause
             self.node.checkpointer.resume(job)
+            job.fault("resume")
         return pb.PhaseResponse(local_s=time.monotonic() - t0)
 
     @rpc_method
@@ -171,8 +178,11 @@ class AgentService(pb_grpc.AgentServicer):
     def Finalize(self, request: pb.FinalizeRequest, context: grpc.ServicerContext) -> pb.FinalizeResponse:
         self._coordinator(context)
         t0 = time.monotonic()
-        part = self.node.manifest_part(self.node.get(request.job), request)
-        return pb.FinalizeResponse(manifest_part_json=json.dumps(part.to_json()), local_s=time.monotonic() - t0)
+        job = self.node.get(request.job)
+        part = self.node.manifest_part(job, request)
+        local_s = time.monotonic() - t0
+        job.fault("finalize")
+        return pb.FinalizeResponse(manifest_part_json=json.dumps(part.to_json()), local_s=local_s)
 
     @rpc_method
     def Restore(self, request: pb.RestoreRequest, context: grpc.ServicerContext) -> pb.JobStatus:

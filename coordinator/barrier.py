@@ -45,6 +45,7 @@ from typing import Any
 
 import xxhash
 
+from ckptd import faults
 from ckptd.errors import CkptdError, Code
 from ckptd.image.checksum import ALGORITHM
 from ckptd.image.manifest import Chain, Manifest, Phase, RankEntry, RankPart, Sizes, write_manifest
@@ -175,6 +176,7 @@ class CheckpointRound:
         dirs = {t: (tmp / f"rank-{t.rank.rank}" if t.rank else tmp) for t in targets}
         for d in dirs.values():
             d.mkdir(exist_ok=True)
+        faults.point("reserve", "coordinator")
         timings: dict[str, float] = {}
         parked: dict[Target, pb_grpc.AgentStub] = {}
         # each phase's time at the coordinator and inside the slowest agent:
@@ -195,6 +197,7 @@ class CheckpointRound:
             replies = self._on_all(stubs, method, make, timeout)
             close(key, max((float(r.local_s) for r in replies.values()), default=0.0))
             timings[f"{key}_s" if key != "prepare" else "quiesce_s"] = phases[-1].rpc_s
+            faults.point(method.lower(), "coordinator")
             return replies
 
         def request(t: Target) -> pb.ResumeRequest:
@@ -280,6 +283,7 @@ class CheckpointRound:
                 write_manifest(tmp, manifest.to_json())
             except OSError as e:  # the storage failed under the manifests: a storage error, not an internal one
                 raise storage_error(e, job_dir.path) from e
+            faults.point("commit", "coordinator")
             final = self.catalog.commit(tmp, job_dir, ckpt_id)
         except BaseException:
             record.in_flight = None

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import zstandard
 
+from ckptd import faults
 from ckptd.errors import CkptdError, Code
 from ckptd.image.manifest import load_manifest, verify_files
 from ckptd.image.transfer import fetch_copy, tree_bytes, upload_copy
@@ -187,6 +188,7 @@ class Uploader:
             if codec == "auto" and not known_bw:
                 codec = ""  # auto's first upload goes plain: it measures the shared tier's bandwidth
             report = upload_copy(src, tmp, codec, advance, known_bw)
+            faults.point("upload", "coordinator")
             self.catalog.commit(tmp, shared, ckpt_id)
         except FileNotFoundError:
             self.catalog.discard(tmp)

@@ -526,6 +526,12 @@ int main(int argc, char **argv)
     if (reaper < 0)
         die("fork");
     if (reaper == 0) {
+        /* a relay killed (kill -9) takes its pid namespace with it: a reaper
+         * and a job (a restore's parked processes) nobody tracks any more
+         * must not live on; the reaper's death kills every process of it.
+         * (From pid 1 of a new namespace getppid() says 0: a relay dead
+         * before this line is not seen; that window is a few instructions.) */
+        prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
         close(out[0]);
         close(err[0]);
         close(st[0]);

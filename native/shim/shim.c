@@ -576,6 +576,7 @@ __attribute__((constructor)) static void ck_shim_init(void)
                                                                         : CK_TRACK_OFF;
     const char *capture = getenv("CKPTD_CAPTURE");
     ck_shim.capture_sync = capture && !ck_strcmp(capture, "sync");
+    ck_shim.fault = getenv("CKPTD_FAULT");
     ck_checksum_load();  /* while the process is one thread: dlopen is safe */
     pthread_atfork(before_fork, after_fork_parent, after_fork_child);
     if (connect_agent() < 0 || send_hello(0) < 0)

@@ -28,6 +28,7 @@ struct ck_shim_state {
     int hide_io_uring;        /* io_uring_setup() through syscall() says ENOSYS */
     int track_mode;           /* CK_TRACK_*: how incremental dumps find changed pages */
     int capture_sync;         /* CKPTD_CAPTURE=sync: write every page during the pause */
+    const char *fault;        /* CKPTD_FAULT: a test's fault point for the writer (ckptd/faults.py) */
     int lazy_fd;              /* restart --lazy: the restorer's userfaultfd until RESUME, or -1 */
     volatile uint32_t lazy_pending;  /* futex: 1 until LAZY_DONE (memory still being filled) */
     int unverified;           /* restored and parked until an agent's RESUME: never released otherwise */

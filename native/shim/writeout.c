@@ -718,6 +718,40 @@ static long writer_sealed(void *arg)
     return rc;
 }
 
+/* Tests only (ckptd/faults.py): CKPTD_FAULT=writer:PHASE:SIG, or @FILE holding
+ * it (fired once: by whoever unlinks FILE), sends SIG to this writer at its
+ * start (PHASE dump) or before it names pages.img (PHASE flush). */
+static void writer_fault(const char *phase)
+{
+    const char *spec = ck_shim.fault;
+    char buf[64];
+    if (!spec || !*spec)
+        return;
+    if (spec[0] == '@') {
+        int fd = (int)ck_open(spec + 1, O_RDONLY | O_CLOEXEC, 0);
+        if (fd < 0)
+            return;
+        long n = ck_read(fd, buf, sizeof(buf) - 1);
+        ck_close(fd);
+        if (n <= 0)
+            return;
+        buf[n] = 0;
+        while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == ' '))
+            buf[--n] = 0;
+        spec = buf;
+    }
+    size_t len = ck_strlen(phase);
+    if (ck_strncmp(spec, "writer:", 7) || ck_strncmp(spec + 7, phase, len) || spec[7 + len] != ':')
+        return;
+    const char *sig = spec + 8 + len;
+    if (!ck_strncmp(sig, "SIG", 3))
+        sig += 3;
+    int signo = !ck_strcmp(sig, "KILL") ? SIGKILL : !ck_strcmp(sig, "STOP") ? SIGSTOP : 0;
+    if (!signo || (ck_shim.fault[0] == '@' && ck_unlink(ck_shim.fault + 1) < 0))
+        return;
+    ck_kill((int)ck_getpid(), signo);
+}
+
 __attribute__((noreturn)) static void writer_main(struct ck_image *im)
 {
     ck_prctl(PR_SET_NAME, (unsigned long)"ckptd-writer", 0, 0, 0);
@@ -725,6 +759,7 @@ __attribute__((noreturn)) static void writer_main(struct ck_image *im)
     if (ck_dup3(im->pages_fd, 0, 0) < 0 || ck_dup3(im->dirfd, 1, 0) < 0)
         ck_exit_group(EBADF);
     ck_close_range(2, ~0u);
+    writer_fault("dump");
     struct ck_checksum sum;
     int hashing = ck_checksum_start(&sum), rc;
     if (im->key) {
@@ -735,6 +770,7 @@ __attribute__((noreturn)) static void writer_main(struct ck_image *im)
     }
     if (rc == 0) {
         ck_checksum_finish(&sum, 0);
+        writer_fault("flush");
         rc = (int)ck_renameat(1, "pages.img.part", "pages.img");
     }
     ck_exit_group(rc < 0 ? -rc : 0);
