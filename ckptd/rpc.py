@@ -88,8 +88,9 @@ def call(method: Callable[..., Any], request: Any, timeout: float | None, what: 
 FAN_OUT = 256
 
 
-def call_many(calls: list[tuple[Callable[..., Any], Any, float | None, str]]) -> list[Any]:
-    """Unary RPCs (method, request, timeout, what) all at once, at most
+def call_many(calls: list[tuple[Any, Any, float | None, str]]) -> list[Any]:
+    """Unary RPCs (method: a stub's unary-unary callable, with .future;
+    request, timeout, what) all at once, at most
     FAN_OUT in flight, without a thread each (gRPC futures); each answer,
     or the CkptdError it failed with, in the order given."""
     slots = threading.BoundedSemaphore(FAN_OUT)

@@ -115,14 +115,16 @@ class CheckpointRound:
                     return self._run(attempt)
                 except CkptdError as e:
                     if not e.transient:
+                        log.warning("job %s: checkpoint failed: %s", record.name, e.message)  # the operator's record
                         raise
                     delay = RETRY_DELAYS_S[min(attempt, len(RETRY_DELAYS_S)) - 1]
                     if time.monotonic() + delay > until:
-                        raise CkptdError(
-                            e.code,
+                        message = (
                             f"{e.message} (the checkpoint was tried {attempt} times in "
-                            f"{time.monotonic() - start:.0f} s and the job runs on; a longer --timeout waits longer)",
-                        ) from None
+                            f"{time.monotonic() - start:.0f} s and the job runs on; a longer --timeout waits longer)"
+                        )
+                        log.warning("job %s: checkpoint failed: %s", record.name, message)
+                        raise CkptdError(e.code, message) from None
                     log.info("job %s: round aborted on a passing state, trying again: %s", record.name, e.message)
                     self.set_operation(f"checkpoint: trying again ({e.message})")
                     time.sleep(delay)

@@ -425,15 +425,16 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     faultmatrix.properties(item)
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests that build namespace nodes (tests/cluster.py: fixed netns names and addresses) run one after
-    another on one pytest-xdist worker (`--dist loadgroup`); every other test may run beside any test."""
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Tests that build namespace nodes (tests/cluster.py: fixed netns names, and a teardown that sweeps
+    the rank netns it finds) must not run beside each other: they are `serial` (.ci/run runs those alone).
+    (pytest-xdist's `--dist loadgroup` would pin them to one worker, but with pytest 9.2 and xdist 3.8 it
+    leaves them spread: seen.)"""
     from cluster import Cluster
 
-    for item in items:
-        module = getattr(item, "module", None)
-        if module is not None and any(isinstance(v, type) and issubclass(v, Cluster) for v in vars(module).values()):
-            item.add_marker(pytest.mark.xdist_group("cluster"))
+    module = getattr(item, "module", None)
+    if module is not None and any(isinstance(v, type) and issubclass(v, Cluster) for v in vars(module).values()):
+        item.add_marker(pytest.mark.serial)
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:

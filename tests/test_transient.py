@@ -71,10 +71,12 @@ def test_tcp_listener_backlog_is_waited_for(ckptd: Ckptd, exe: str, tmp_path: Pa
         [CKPTCTL, "checkpoint", "tb", "--json"], env=c.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     deadline = time.monotonic() + 30
-    while "trying again" not in c.status("tb").get("operation", ""):
+    operation = ""
+    while "trying again" not in operation:  # (read once: the next attempt may start at any moment)
         assert time.monotonic() < deadline and attempt.poll() is None, attempt.communicate()
         time.sleep(0.05)
-    assert "not yet accepted" in c.status("tb")["operation"]
+        operation = c.status("tb").get("operation", "")
+    assert "not yet accepted" in operation, operation
     flag.touch()
     out, err = attempt.communicate(timeout=120)
     assert attempt.returncode == 0, err
