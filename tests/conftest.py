@@ -217,6 +217,15 @@ class Ckptd:
         while time.monotonic() < deadline and any(psutil.pid_exists(p) for p in victims):
             time.sleep(0.05)
 
+    def crash_daemon(self) -> None:
+        """The daemon dies (the job does not); a new one is started, as the next command would."""
+        for pid in self.daemon_pids():
+            os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while self.daemon_pids() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.start_daemon()
+
     def cleanup(self) -> None:
         with contextlib.suppress(Exception):
             self.run(CKPTCTL, "shutdown", check=False, timeout=20)

@@ -17,8 +17,6 @@ go by checkpoint ids (coordinator/policy.py, nodes.py, catalog.py)."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import time
 
 import faultmatrix
@@ -31,15 +29,6 @@ READOPT = (
     "the next daemon re-adopts the running job (same processes), checkpoints it, and the latest checkpoint "
     "restores byte-identical"
 )
-
-
-def crash_daemon(c: Ckptd) -> None:
-    for pid in c.daemon_pids():
-        os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while c.daemon_pids() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    c.start_daemon()
 
 
 @pytest.mark.parametrize(
@@ -60,7 +49,7 @@ def test_a_running_job_is_re_adopted_after_the_clock_was_set(ckptd: Ckptd, hours
     # set forward: the process now seems to have started hours after the recorded time; back: before it
     inc["started"] -= hours * 3600
     record.write_text(json.dumps(inc))
-    crash_daemon(ckptd)
+    ckptd.crash_daemon()
     deadline = time.monotonic() + 15
     while not (st := ckptd.status("clk"))["pids"] and time.monotonic() < deadline:
         time.sleep(0.2)  # the agent re-adopts its jobs right after it starts

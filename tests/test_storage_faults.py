@@ -14,11 +14,8 @@ checkpoint restores the job byte-identical to an uninterrupted run."""
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -87,16 +84,6 @@ def start(c: Ckptd, job: str, *launch: str, ticks: str = TICKS) -> Plain:
     return plain
 
 
-def crash_daemon(c: Ckptd) -> None:
-    """The daemon dies (the job does not); the next command starts another."""
-    for pid in c.daemon_pids():
-        os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while c.daemon_pids() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    c.start_daemon()
-
-
 def leftovers(real: Path) -> list[str]:
     """What a failed round or upload may leave in a job's directory."""
     return sorted(p.name for p in real.glob("*/.ckpt-*"))
@@ -144,7 +131,7 @@ def test_checkpoint_on_failing_storage(  # noqa: PLR0917
     ckptd.wait_log("j", rf"^(tick {tick + 2}|finished)$")
     if ckptd.status("j")["state"] == "running":  # (on a loaded machine it may have finished by now)
         ckptd.kill9("j")
-    crash_daemon(ckptd)  # the next daemon sweeps what the failed round could not remove
+    ckptd.crash_daemon()  # the next daemon sweeps what the failed round could not remove
     assert [c["name"] for c in ckptd.ctl_json("list", "j")] == ["ckpt-000001"]  # nothing committed
     assert leftovers(store.root) == []
     ckptd.ctl("restart", "j")  # the latest: the good one
@@ -201,7 +188,7 @@ def test_restart_from_failing_storage(  # noqa: PLR0917
     store.set(None)  # (status reads the job's directory too)
     st = ckptd.status("j")
     assert st["state"] == "failed" and st["pids"] == [], st  # nothing runs
-    crash_daemon(ckptd)
+    ckptd.crash_daemon()
     assert ckptd.status("j")["state"] in ("failed", "lost")  # (a job its daemon saw end is "lost" to the next)
     # the log as the crash left it (put back by the failed restart, or from its journal by the next daemon)
     assert (store.root / "j" / "output.log").read_bytes() == log_before
@@ -240,7 +227,7 @@ def test_upload_to_failing_shared_storage(ckptd: Ckptd, store: faultfs.FaultFS, 
     tiers = {c["name"]: c.get("tier", "") for c in ckptd.ctl_json("list", "j")}
     assert set(tiers.values()) == {"local+shared"} and len(tiers) == 4, tiers
     ckptd.kill9("j")
-    crash_daemon(ckptd)
+    ckptd.crash_daemon()
     assert leftovers(store.root) == []
     shutil.rmtree(stage)  # the node's fast disk is gone with it: the restart fetches the shared copy
     ckptd.ctl("restart", "j")
