@@ -154,17 +154,13 @@ class AgentNode:
         checkpoint and stops the job (Coordinator.final_stop)."""
         log.warning("job %s: its launcher is gone; asking the coordinator for a final checkpoint", job.name)
 
-        def tell() -> None:
-            for _ in range(5):
-                try:
-                    event = pb.JobEvent(node=self.node, status=job.status(), launcher_gone=True)
-                    call(self._coordinator.ReportJobEvent, event, 10, "coordinator")
-                    return
-                except CkptdError as e:
-                    log.warning("job %s: cannot tell the coordinator its launcher is gone: %s", job.name, e.message)
-                    self._stop.wait(2.0)
-
-        threading.Thread(target=tell, name=f"launcher-gone-{job.name}", daemon=True).start()
+        threading.Thread(
+            target=self._report_event,
+            args=(job, "tell the coordinator its launcher is gone"),
+            kwargs={"launcher_gone": True},
+            name=f"launcher-gone-{job.name}",
+            daemon=True,
+        ).start()
 
     def _queue_event(self, status: pb.JobStatus) -> None:
         with self._events_cv:
@@ -276,13 +272,18 @@ class AgentNode:
             conn.request("TERM_HOLD" if hold else "TERM_DELIVER", 30)
         if not hold or job is None or not job.first_term_of_incarnation():
             return
-        for _ in range(5):  # the final checkpoint, unless the launcher's or the daemon's own gets there first
+        # the final checkpoint, unless the launcher's or the daemon's own gets there first
+        self._report_event(job, "ask the coordinator for a final checkpoint", sigterm=True)
+
+    def _report_event(self, job: JobRuntime, what: str, **flags: bool) -> None:
+        """A JobEvent with these flags to the coordinator, tried 5 times, 2 s apart."""
+        for _ in range(5):
             try:
-                event = pb.JobEvent(node=self.node, status=job.status(), sigterm=True)
+                event = pb.JobEvent(node=self.node, status=job.status(), **flags)
                 call(self._coordinator.ReportJobEvent, event, 10, "coordinator")
                 return
             except CkptdError as e:
-                log.warning("job %s: cannot ask the coordinator for a final checkpoint: %s", job.name, e.message)
+                log.warning("job %s: cannot %s: %s", job.name, what, e.message)
                 self._stop.wait(2.0)
 
     def _on_close(self, conn: ShimConnection) -> None:
