@@ -210,9 +210,12 @@ class Ckptd:
     def crash_node(self, job: str) -> None:
         """Everything dies at once: job, ckptd-init, daemon (a machine going down)."""
         victims = set(self.status(job)["pids"]) | set(self.init_pids()) | set(self.daemon_pids())
-        for pid in victims:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        # stopped first, so none of them sees another die and tidies up
+        # after it (ckptd-init removes its socket when its job is gone)
+        for sig in (signal.SIGSTOP, signal.SIGKILL):
+            for pid in victims:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and any(psutil.pid_exists(p) for p in victims):
             time.sleep(0.05)
