@@ -26,6 +26,7 @@ from .owner import shim_socket as owner_shim_socket
 from .preload import check_preloadable
 from .progress import Transfers
 from .restore import check_checkpoint_dir, restore_job, resume_restored, verify_checkpoint
+from .rollback import WorldRollback
 from .runtime import Incarnation, JobRuntime, job_dir_of, spec_from_json, spec_to_json
 from .shim_link import Message, ShimConnection, ShimServer
 
@@ -89,6 +90,11 @@ class AgentNode:
     def start(self) -> None:
         self.home.agent_dir(self.node).mkdir(parents=True, exist_ok=True)
         self._readopt()
+        with self.lock:
+            busy = {name for name, job in self.jobs.items() if job.state is JobState.RUNNING}
+        # restarts a dead agent left half done (their processes never ran; an adopted one
+        # still RESTORING is being killed): what they changed goes back
+        WorldRollback.replay_leftovers(self.home.agent_dir(self.node) / "jobs", busy)
         self._sweep_relay_sockets()
         self.shim_server.start()
         threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True).start()

@@ -5,7 +5,11 @@ to its size at the checkpoint.
 Each change is journaled first (what the file held, the log's tail), so a
 restart that fails afterwards (a memory image failing its checksum, which
 is checked while the processes are rebuilt) undoes it: a failed restart
-leaves the job's files as it found them.
+leaves the job's files as it found them.  The list of changes is written
+to the journal too (undo.json, before each change is made): an agent that
+dies in the middle of a restart (its restored processes never ran: they
+wait for its word) leaves the journal, and the next agent to start plays it
+back (replay_leftovers), so the files and the log come back as well.
 
 A restart writes only where the job wrote, whatever its manifest says (the
 manifest is authenticated, see ckptd/image/seal.py; these checks hold even
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import logging
 import os
 import shutil
@@ -213,6 +218,36 @@ class _Undo:
     size: int = 0  # "tail": where the rollback cut (a lazy restart's job may have written past it since)
     beneath: Path = Path("/")  # walked from here without following symlinks
 
+    def to_json(self) -> dict[str, Any]:
+        st = self.stat
+        return {
+            "path": str(self.path),
+            "kind": self.kind,
+            "saved": str(self.saved) if self.saved is not None else None,
+            "stat": [st.st_mode, st.st_atime_ns, st.st_mtime_ns] if st is not None else None,
+            "size": self.size,
+            "beneath": str(self.beneath),
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> _Undo:
+        st = None
+        if d.get("stat"):
+            mode, atime_ns, mtime_ns = (int(x) for x in d["stat"])
+            # what _undo_one reads of it: the mode and the times, in ns
+            st = os.stat_result((mode, 0, 0, 0, 0, 0, 0, 0, 0, 0), {"st_atime_ns": atime_ns, "st_mtime_ns": mtime_ns})
+        return cls(
+            Path(d["path"]),
+            str(d["kind"]),
+            Path(d["saved"]) if d.get("saved") else None,
+            st,
+            int(d.get("size", 0)),
+            Path(d.get("beneath", "/")),
+        )
+
+
+JOURNAL_INDEX = "undo.json"  # the list of changes, in the journal's directory
+
 
 class WorldRollback:
     """The rollback of one restart, with its journal in `journal` (a
@@ -238,6 +273,44 @@ class WorldRollback:
         with open(fd, "wb") as out:
             out.write(crypt.open_file(self.key, saved))
         return dst
+
+    def _record(self, *undos: _Undo) -> None:
+        """Note changes about to be made, in memory and in the journal's index
+        (written whole, then renamed: an agent killed at any moment leaves
+        either the old list or the new one)."""
+        self._undo.extend(undos)
+        if not undos:
+            return
+        self.journal.mkdir(mode=0o700, parents=True, exist_ok=True)
+        tmp = self.journal / f"{JOURNAL_INDEX}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with open(fd, "w") as f:
+            owner = list(self.owner) if self.owner else None
+            json.dump({"owner": owner, "changes": [u.to_json() for u in self._undo]}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.journal / JOURNAL_INDEX)
+
+    @classmethod
+    def replay_leftovers(cls, jobs_dir: Path, busy: set[str]) -> None:
+        """Journals a dead agent left (jobs_dir/JOB/undo-CKPT/undo.json): each
+        restart they belong to never finished, so its changes are undone.  A
+        job in `busy` (re-adopted and running) is left alone."""
+        for index in sorted(jobs_dir.glob(f"*/undo-*/{JOURNAL_INDEX}")):
+            journal = index.parent
+            if journal.parent.name in busy:
+                continue
+            try:
+                saved = json.loads(index.read_text())
+                owner = saved.get("owner")
+                world = cls(journal, (int(owner[0]), int(owner[1])) if owner else None)
+                entries = saved["changes"]
+                world._undo = [_Undo.from_json(e) for e in entries]
+            except (OSError, ValueError, TypeError, KeyError) as e:
+                log.error("cannot read the journal of an unfinished restart %s: %s; its copies stay there", index, e)
+                continue
+            log.warning("putting back what an unfinished restart changed (%d change(s), %s)", len(entries), journal)
+            world.undo()
 
     def _save(self, fd: int, offset: int = 0) -> Path:
         self.journal.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -278,7 +351,7 @@ class WorldRollback:
         try:
             d = open_dir(f.path.parent, create=0o755, owner=self.owner, created=made)
         finally:
-            self._undo.extend(_Undo(p, "dir", None) for p in made)
+            self._record(*(_Undo(p, "dir", None) for p in made))
         try:
             try:
                 fd = open_file(d, f.path.name, os.O_RDWR, shown=f.path)
@@ -291,7 +364,7 @@ class WorldRollback:
             try:
                 unchanged = before is not None and before.st_size == f.size and _hash_fd(fd) == digest
                 if not unchanged:
-                    self._undo.append(_Undo(f.path, "file", self._save(fd) if before else None, before))
+                    self._record(_Undo(f.path, "file", self._save(fd) if before else None, before))
                     copy_into(src, fd, f.size, f.path)
                 with contextlib.suppress(OSError):
                     os.chmod(fd, f.mode)
@@ -324,14 +397,14 @@ class WorldRollback:
             if fd is not None:
                 try:
                     if os.fstat(fd).st_size >= size and _prefix_equal(saved, fd, size):
-                        self._undo.append(_Undo(live, "tail", self._save(fd, size), size=size, beneath=base))
+                        self._record(_Undo(live, "tail", self._save(fd, size), size=size, beneath=base))
                         os.ftruncate(fd, size)  # the usual case: only cut the tail
                         return
-                    self._undo.append(_Undo(live, "replace", self._save(fd), beneath=base))
+                    self._record(_Undo(live, "replace", self._save(fd), beneath=base))
                 finally:
                     os.close(fd)
             else:
-                self._undo.append(_Undo(live, "replace", None, beneath=base))
+                self._record(_Undo(live, "replace", None, beneath=base))
             self._replace_with_copy(saved, d, live)
         finally:
             os.close(d)

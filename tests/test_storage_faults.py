@@ -149,10 +149,6 @@ RESTART_CELLS = [
     ("ENOTCONN", "verify", {"ops": "all", "pattern": f"{C2}/manifest.json", "spread": True}, "manifest.json"),
     ("ENOTCONN", "rebuild", {"ops": "read", "pattern": f"{C2}/proc-*/pages.img", "spread": True}, "pages.img"),
 ]
-UNDO_LOST = (
-    "the failed restart cannot put the job's log back while its storage is gone, and no later agent "
-    "replays the undo journal (agent/rollback.py keeps the list of undos in memory only)"
-)
 
 
 @pytest.mark.parametrize(
@@ -161,7 +157,6 @@ UNDO_LOST = (
         pytest.param(
             *c, id=f"{c[0]}-{c[1]}",
             marks=[faultmatrix.cell(f"storage {NAMES[c[0]]} ({c[0]})", c[1], RESTART_PROMISE)]
-            + ([pytest.mark.xfail(reason=UNDO_LOST, strict=True)] if c[:2] == ("ENOTCONN", "rebuild") else []),
         )
         for c in RESTART_CELLS
     ],
