@@ -295,10 +295,12 @@ class WorldRollback:
     def replay_leftovers(cls, jobs_dir: Path, busy: set[str]) -> None:
         """Journals a dead agent left (jobs_dir/JOB/undo-CKPT/undo.json): each
         restart they belong to never finished, so its changes are undone.  A
-        job in `busy` (re-adopted and running) is left alone."""
+        job in `busy` (re-adopted and running: its restart was released) keeps
+        its files, and its journal goes."""
         for index in sorted(jobs_dir.glob(f"*/undo-*/{JOURNAL_INDEX}")):
             journal = index.parent
-            if journal.parent.name in busy:
+            if journal.parent.name in busy:  # its restart went through (released): nothing to undo, ever
+                shutil.rmtree(journal, ignore_errors=True)
                 continue
             try:
                 saved = json.loads(index.read_text())
