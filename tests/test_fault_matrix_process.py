@@ -72,6 +72,7 @@ class Cell:
         c.wait_log(JOB, r"^step 3 ok")
         self.good = c.checkpoint(JOB)
         self.job_dir = Path(c.status(JOB)["log_path"]).parent
+        self.log_before = -1  # set by _restart_with
 
     def arm(self, spec: str) -> None:
         self.armed.write_text(spec)
@@ -290,13 +291,16 @@ def test_writer_hung(ckptd: Ckptd, tmp_path: Path, fault_job: str, phase: str) -
 # ---- a restart: the daemon, ckptd-init, the restored job ----
 
 UNVERIFIED = (
-    "no restored process runs before its images verified; the next daemon fails the job; a new restart ends identical"
+    "no restored process runs before its images verified; the next daemon fails the job and puts its files back"
+    " as they were before the restart; a new restart ends identical"
 )
 
 
 def _restart_with(cell: Cell, spec: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """A restart with the fault armed; cell.log_before: the job's log as the restart found it."""
     cell.runs_on()
     cell.c.kill9(JOB)
+    cell.log_before = cell.c.log_file(JOB).stat().st_size
     cell.arm(spec)
     p = cell.attempt("restart", JOB, *args)
     assert cell.fired(), p.stderr
@@ -311,13 +315,12 @@ def test_daemon_killed_during_a_restart(ckptd: Ckptd, tmp_path: Path, fault_job:
     p = _restart_with(cell, f"daemon:{phase}:KILL")
     assert p.returncode != 0
     cell.wait_daemon_gone()
-    size = ckptd.log_file(JOB).stat().st_size
     ckptd.start_daemon()
     if phase == "release":  # every image verified and the processes released: it runs on
         st = cell.wait_state("running", "failed")
-    else:
+    else:  # the next daemon plays back the restart's journal: the log as the restart found it
         st = cell.wait_state("failed", "lost")
-        assert ckptd.log_file(JOB).stat().st_size == size  # not one more line
+        assert ckptd.log_file(JOB).stat().st_size == cell.log_before
     assert st["state"] in ("running", "failed", "lost")
     cell.nothing_left()
     cell.restores_identical()
@@ -335,6 +338,8 @@ def test_init_killed_during_a_restart(ckptd: Ckptd, tmp_path: Path, fault_job: s
     cell = Cell(ckptd, tmp_path, fault_job)
     _restart_with(cell, f"init:{phase}:KILL")
     cell.wait_state("failed")
+    if phase == "rebuild":  # nothing of the job ran: its files are as the restart found them
+        assert ckptd.log_file(JOB).stat().st_size == cell.log_before
     cell.nothing_left()
     cell.restores_identical()
 
@@ -570,13 +575,12 @@ def test_agent_killed_during_a_restart(ckptd: Ckptd, split: Split, tmp_path: Pat
     p = _restart_with(cell, f"agent:{phase}:KILL")
     assert p.returncode != 0
     split.died("agent")
-    size = ckptd.log_file(JOB).stat().st_size
     split.start("agent")
     if phase == "release":
         cell.wait_state("running", "failed")
-    else:
+    else:  # the next agent plays back the restart's journal: the log as the restart found it
         cell.wait_state("failed", "lost")
-        assert ckptd.log_file(JOB).stat().st_size == size  # not one more line
+        assert ckptd.log_file(JOB).stat().st_size == cell.log_before
     cell.nothing_left()
     cell.restores_identical()
 
