@@ -199,7 +199,7 @@ void rst_restore_fds(const struct rst_image *im)
             tmp = scratch_fd(ck_epoll_create1(O_CLOEXEC), "cannot create an epoll instance", 0);
             break;
         case CK_FD_TIMERFD:
-            tmp = scratch_fd(rst_make_timerfd(f->clockid, f->it_interval_ns, f->it_value_ns, f->ticks),
+            tmp = scratch_fd(rst_make_timerfd(f->clockid, f->settime_flags, f->it_interval_ns, f->it_value_ns, f->ticks),
                              "cannot create a timerfd", 0);  /* plan_timerfd.c */
             break;
         case CK_FD_PIDFD:

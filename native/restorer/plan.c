@@ -56,7 +56,7 @@
  *                desc SLOT PID FD               process PID's descriptor FD is that object
  *                                               (a key only: fds.c takes it)
  *   plan_eventfd.c  eventfd SLOT COUNT SEMAPHORE   an eventfd several processes share
- *   plan_timerfd.c  timerfd SLOT CLOCK INTERVAL_NS VALUE_NS TICKS   a timerfd several processes share
+ *   plan_timerfd.c  timerfd SLOT CLOCK INTERVAL_NS VALUE_NS TICKS FLAGS   a timerfd several processes share
  *   plan_signalfd.c signalfd SLOT MASK           a signalfd several processes share
  *   plan_tree.c  proc PID PPID PGID SID DIR     zombie PID PPID PGID SID WSTATUS
  *                helper PID SID                 a session or group whose leader had exited:

@@ -181,7 +181,7 @@ void rst_load_plan_keys(const char *path);
  * again at PATH or beside it, and removed again: its descriptor (plan_deleted.c) */
 long rst_recreate_deleted(const char *path, uint32_t mode, uint32_t uid, uint32_t gid, long fill, uint64_t size);
 /* a timerfd and a signalfd made again (plan_timerfd.c, plan_signalfd.c) */
-long rst_make_timerfd(uint32_t clockid, uint64_t interval_ns, uint64_t value_ns, uint64_t ticks);
+long rst_make_timerfd(uint32_t clockid, uint32_t flags, uint64_t interval_ns, uint64_t value_ns, uint64_t ticks);
 long rst_make_signalfd(uint64_t mask);
 /* an inotify instance with f's watches at their numbers (inotify.c) */
 int rst_make_inotify(const struct rst_image *im, const struct ck_fd *f);

@@ -126,7 +126,10 @@ static int is_shmem(int fd)
 /*
  * A timerfd: its clock, its interval and the time left, relative (what was
  * left at the checkpoint is what is left after the restart, as for the
- * process's interval timers), and the expirations not read yet, e.g.
+ * process's interval timers), and the expirations not read yet.  One armed
+ * with TFD_TIMER_ABSTIME on a wall clock keeps its deadline instead (a
+ * timer for 12:00 still fires at 12:00); on the monotonic clocks, which
+ * start again on another boot, the time left is kept as for any other, e.g.
  *   clockid: 1  ticks: 0  settime flags: 01  it_value: (0, 49406829) ...
  * A timer that is cancelled when the clock is set (TFD_TIMER_CANCEL_ON_SET)
  * is refused: the restore could not tell whether the clock was set meanwhile.
@@ -149,6 +152,15 @@ static int dump_timerfd(struct ck_image *im, struct ck_fd *f, const char *info, 
     f->ticks = fdinfo_value(info, "ticks:", 10);
     f->it_interval_ns = (uint64_t)its.interval_sec * 1000000000ull + (uint64_t)its.interval_nsec;
     f->it_value_ns = (uint64_t)its.value_sec * 1000000000ull + (uint64_t)its.value_nsec;
+    int wall = f->clockid == 0 /* CLOCK_REALTIME */ || f->clockid == 8 /* CLOCK_REALTIME_ALARM */;
+    if ((fdinfo_value(info, "settime flags:", 8) & 1 /* TFD_TIMER_ABSTIME */) && wall && f->it_value_ns) {
+        struct timespec now;
+        rc = ck_clock_gettime((int)f->clockid, &now);
+        if (rc < 0)
+            return ck_image_fail(im, "cannot read the clock of a timerfd", target, rc);
+        f->it_value_ns += (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
+        f->settime_flags = 1;
+    }
     return 0;
 }
 

@@ -300,7 +300,8 @@ static void check_hardlink(int step)
 /* ---- timerfd ---- */
 
 #define MS 1000000L
-static int t_once, t_periodic, t_expired, t_disarmed, t_cancel, t_shared;
+static int t_once, t_periodic, t_expired, t_disarmed, t_cancel, t_shared, t_wall;
+static long long t_wall_deadline; /* CLOCK_REALTIME, ns: kept across a restart */
 static pid_t t_child;
 
 
@@ -336,6 +337,15 @@ static void setup_timerfd(void)
     t_shared = make_timer(CLOCK_MONOTONIC, TFD_NONBLOCK, 1, 0);
     step_sleep_ms(5);
     t_child = fork_watcher(shared_timer_read);
+    /* armed for a wall-clock deadline (TFD_TIMER_ABSTIME): the restart keeps
+       the deadline, not the time that was left */
+    t_wall = timerfd_create(CLOCK_REALTIME, 0);
+    CHECK(t_wall >= 0, "timerfd_create");
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    t_wall_deadline = (now.tv_sec + 100000) * 1000000000LL;
+    struct itimerspec its = {{0, 0}, {now.tv_sec + 100000, 0}};
+    CHECK(timerfd_settime(t_wall, TFD_TIMER_ABSTIME, &its, 0) == 0, "settime abstime");
 }
 
 static void check_timerfd(int step)
@@ -372,6 +382,12 @@ static void check_timerfd(int step)
           ns_of(its.it_interval));
     CHECK(fdinfo(t_disarmed, "ticks:", 10) == 0, "disarmed ticks");
     CHECK(!(fcntl(t_disarmed, F_GETFL) & O_NONBLOCK) && (fcntl(t_disarmed, F_GETFD) & FD_CLOEXEC), "flags");
+
+    struct timespec now;
+    CHECK(timerfd_gettime(t_wall, &its) == 0 && clock_gettime(CLOCK_REALTIME, &now) == 0, "gettime");
+    long long off = ns_of(now) + ns_of(its.it_value) - t_wall_deadline;
+    CHECK(off > -50 * MS && off < 50 * MS, "wall-clock deadline moved by %lld ns", off);
+    CHECK(fdinfo(t_wall, "settime flags:", 8) == 1, "abstime flag");
 
     if (step < nsteps) {
         CHECK(fdinfo(t_shared, "ticks:", 10) == 1, "shared ticks");

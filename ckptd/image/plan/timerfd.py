@@ -17,5 +17,5 @@ class Timerfds(Kind):
         return True
 
     def reopen(self, holder: ProcessImage, fd: Any, slot: int) -> str:
-        times = f"{int(fd.it_interval_ns)} {int(fd.it_value_ns)} {int(fd.ticks)}"
+        times = f"{int(fd.it_interval_ns)} {int(fd.it_value_ns)} {int(fd.ticks)} {int(fd.settime_flags)}"
         return f"timerfd {slot} {int(fd.clockid)} {times}"

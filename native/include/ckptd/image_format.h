@@ -19,7 +19,7 @@
 
 /* BEGIN CFFI */
 #define CK_CORE_MAGIC 0x45524f4354504b43   /* "CKPTCORE" as little-endian bytes */
-#define CK_CORE_VERSION 6
+#define CK_CORE_VERSION 7
 #define CK_MAX_SECTIONS 16
 #define CK_PAGE_SIZE 4096
 
@@ -301,7 +301,11 @@ struct ck_fd {
        (what was left at the checkpoint is what is left after the restart),
        and the expirations not read yet (fdinfo "ticks") */
     uint32_t clockid;
-    uint32_t pad2;
+    /* TFD_TIMER_ABSTIME for a timer armed with it on a wall clock
+       (CLOCK_REALTIME, CLOCK_REALTIME_ALARM): it_value_ns is then its
+       deadline on that clock, which the restart keeps, as the program asked;
+       0 for every other timer (format 7; a pad before) */
+    uint32_t settime_flags;
     uint64_t it_interval_ns;
     uint64_t it_value_ns;       /* 0: disarmed */
     uint64_t ticks;
