@@ -13,7 +13,8 @@
  * and set back (Linux 6.15+'s PR_TIMER_CREATE_RESTORE_IDS).
  *
  * Refused, while the job runs on: glibc's SIGEV_THREAD timers (their helper
- * thread blocks every signal and cannot be parked), CPU-time and alarm
+ * thread blocks every signal and cannot be parked; the shim runs those made
+ * without thread attributes itself: sigev_thread.c), CPU-time and alarm
  * clocks.  Raw system calls only: parked threads may hold libc's locks.
  */
 #include "shim.h"
@@ -117,11 +118,13 @@ const char *ck_timers_refusal(int strict)
     for (long i = 0; i < n; i++) {
         const struct ck_posix_timer *t = &tlist[i];
         /* glibc's SIGEV_THREAD: a timer aimed at its helper thread with its
-         * internal signal (32, SIGTIMER; 33 for other libcs' helpers) */
-        if ((t->notify & 3) == 2 || ((t->notify & CK_TIMER_NOTIFY_TID) && t->signo >= 32 && t->signo <= 33))
-            return "the process uses a POSIX timer with SIGEV_THREAD (glibc runs it from a helper thread that "
-                   "blocks every signal and cannot be parked); ckptd cannot checkpoint it: use SIGEV_SIGNAL or "
-                   "SIGEV_THREAD_ID";
+         * internal signal (32, SIGTIMER; 33 for other libcs' helpers); the
+         * shim's own helper (sigev_thread.c) parks like any thread */
+        int shims = (t->notify & CK_TIMER_NOTIFY_TID) && t->tid == ck_sigev_helper_tid();
+        if (!shims && ((t->notify & 3) == 2 || ((t->notify & CK_TIMER_NOTIFY_TID) && t->signo >= 32 && t->signo <= 33)))
+            return "the process uses a POSIX timer with SIGEV_THREAD and thread attributes (glibc runs it from a "
+                   "helper thread that blocks every signal and cannot be parked); ckptd cannot checkpoint it: "
+                   "create it without sigev_notify_attributes, or use SIGEV_SIGNAL or SIGEV_THREAD_ID";
         if (!clock_supported(t->clock))
             return "the process uses a POSIX timer on a CPU-time or alarm clock; ckptd restores timers on "
                    "CLOCK_REALTIME, CLOCK_MONOTONIC, CLOCK_BOOTTIME and CLOCK_TAI only";

@@ -87,6 +87,9 @@ struct ck_pending *ck_taken_pending(uint32_t *n, uint32_t *failed, const int64_t
 int ck_take_all_pending(void) CK_HIDDEN;
 /* dump_timers.c: POSIX timers */
 const char *ck_timers_refusal(int strict) CK_HIDDEN;
+/* sigev_thread.c: SIGEV_THREAD timers run by the shim's own helper thread */
+int32_t ck_sigev_helper_tid(void) CK_HIDDEN;  /* 0: none in this process */
+void ck_sigev_after_fork(void) CK_HIDDEN;
 long ck_timer_requeue_taken(const uint8_t *info, int64_t *at) CK_HIDDEN;
 void ck_fill_thread(struct ck_thread *t, uint64_t sigmask) CK_HIDDEN;
 /* after a restore: wait until every parked thread is back in shim code */

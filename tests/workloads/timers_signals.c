@@ -18,7 +18,10 @@
  *             70 ms (so overruns pile up): expirations against the
  *             stopwatch, sigev_value, si_timerid, and timer_getoverrun
  *             (the last signal's overrun, while none is pending).
- *   sigev_thread  a glibc SIGEV_THREAD timer: the checkpoint is refused.
+ *   sigev_thread  a SIGEV_THREAD timer (20 ms): its function runs in a
+ *             thread of its own with the program's value, between every
+ *             two steps; its interval and time left answer.
+ *   sigev_thread_attr  one made with thread attributes: refused.
  *   rtqueue   RT signal queues at depth: the process-wide queue of one RT
  *             signal (16 deep, one taken and one queued per step, FIFO by
  *             payload), a standard signal with its payload, and a sender
@@ -396,14 +399,53 @@ static void end_rtqueue(void)
 }
 
 /* ---- sigev_thread ---- */
-static void on_thread_timer(union sigval v) { (void)v; }
+static timer_t sev_timer;
+static _Atomic long sev_runs, sev_bad;
+static pid_t sev_main;
+static long sev_seen;
+
+static void on_thread_timer(union sigval v)
+{
+    /* a thread of its own each time, with the program's value */
+    if (v.sival_int != 4242 || gettid() == sev_main)
+        sev_bad++;
+    sev_runs++;
+}
 
 static void setup_sigev_thread(void)
 {
-    timer_t t;
-    struct sigevent ev = {.sigev_notify = SIGEV_THREAD, .sigev_notify_function = on_thread_timer};
-    CHECK(timer_create(CLOCK_MONOTONIC, &ev, &t) == 0, "timer_create");
-    arm(t, 50 * MS, 50 * MS);
+    sev_main = gettid();
+    struct sigevent ev = {.sigev_notify = SIGEV_THREAD, .sigev_notify_function = on_thread_timer,
+                          .sigev_value = {.sival_int = 4242}};
+    CHECK(timer_create(CLOCK_MONOTONIC, &ev, &sev_timer) == 0, "timer_create");
+    arm(sev_timer, 20 * MS, 20 * MS);
+    for (int i = 0; i < 200 && !sev_runs; i++)
+        step_sleep_ms(5);
+}
+
+static void check_sigev_thread(int step)
+{
+    (void)step;
+    struct itimerspec its;
+    CHECK(timer_gettime(sev_timer, &its) == 0, "timer_gettime");
+    CHECK(its.it_interval.tv_sec == 0 && its.it_interval.tv_nsec == 20 * MS, "interval");
+    CHECK(its.it_value.tv_sec == 0 && its.it_value.tv_nsec > 0 && its.it_value.tv_nsec <= 20 * MS, "left");
+    CHECK(sev_bad == 0, "a run with the wrong value or in the main thread");
+    long runs = sev_runs;
+    CHECK(runs > sev_seen, "the timer's function ran since the last step (%ld, %ld)", runs, sev_seen);
+    sev_seen = runs;
+}
+
+/* with thread attributes: glibc's helper runs it, and the checkpoint is refused */
+static void setup_sigev_thread_attr(void)
+{
+    static pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, 1 << 20);
+    struct sigevent ev = {.sigev_notify = SIGEV_THREAD, .sigev_notify_function = on_thread_timer,
+                          .sigev_notify_attributes = &attr, .sigev_value = {.sival_int = 4242}};
+    CHECK(timer_create(CLOCK_MONOTONIC, &ev, &sev_timer) == 0, "timer_create");
+    arm(sev_timer, 50 * MS, 50 * MS);
 }
 
 static void check_nothing(int step) { (void)step; }
@@ -425,6 +467,9 @@ int main(int argc, char **argv)
         check = check_rtqueue;
     } else if (!strcmp(mode, "sigev_thread")) {
         setup_sigev_thread();
+        check = check_sigev_thread;
+    } else if (!strcmp(mode, "sigev_thread_attr")) {
+        setup_sigev_thread_attr();
     } else {
         CHECK(0, "unknown mode %s", mode);
     }
