@@ -19,7 +19,7 @@
 
 /* BEGIN CFFI */
 #define CK_CORE_MAGIC 0x45524f4354504b43   /* "CKPTCORE" as little-endian bytes */
-#define CK_CORE_VERSION 6
+#define CK_CORE_VERSION 7
 #define CK_MAX_SECTIONS 16
 #define CK_PAGE_SIZE 4096
 
@@ -195,15 +195,20 @@ struct ck_page_source {
 #define CK_FD_SIGNALFD 15        /* signalfd: its mask */
 #define CK_FD_PIDFD 16           /* pidfd of a process of the job: opened again with pidfd_open */
 #define CK_FD_INOTIFY 17         /* inotify: its watches, added again by path in their order */
+#define CK_FD_UDP 20             /* datagram inet socket (UDP, ICMP ping; IPv4/IPv6): recreated by the
+                                    restore plan, bound and connected again (native/shim/dump_dgram.c) */
+#define CK_FD_RAW 21             /* raw inet socket (SOCK_RAW, its protocol): as CK_FD_UDP */
 
-/* ck_fd.sock_opts (CK_FD_TCP): options set again on the new socket */
+/* ck_fd.sock_opts (CK_FD_TCP, CK_FD_UDP, CK_FD_RAW): options set again on the new socket */
 #define CK_SOCKOPT_NODELAY 0x1
 #define CK_SOCKOPT_KEEPALIVE 0x2
 #define CK_SOCKOPT_REUSEADDR 0x4
 #define CK_SOCKOPT_REUSEPORT 0x8
 #define CK_SOCKOPT_V6ONLY 0x10
+#define CK_SOCKOPT_FREEBIND 0x20     /* IP_FREEBIND: set before the bind it allows */
+#define CK_SOCKOPT_TRANSPARENT 0x40  /* IP_TRANSPARENT: the same */
 
-/* ck_fd.sock_state (CK_FD_UNIX, CK_FD_TCP) */
+/* ck_fd.sock_state (CK_FD_UNIX, CK_FD_TCP; CK_FD_UDP and CK_FD_RAW: connected or not) */
 #define CK_SOCK_UNCONNECTED 0
 #define CK_SOCK_CONNECTED 1
 #define CK_SOCK_LISTEN 2
@@ -317,6 +322,11 @@ struct ck_fd {
     uint32_t nwatches;
     uint32_t pad4;
     uint64_t watches_off;
+    /* CK_FD_UDP, CK_FD_RAW: the protocol the socket was made with (SO_PROTOCOL:
+       IPPROTO_UDP, IPPROTO_ICMP(V6), a raw socket's); sock_type, sock_family,
+       sock_state, name and peer as for CK_FD_TCP */
+    uint32_t sock_protocol;
+    uint32_t pad5;
 };
 
 /* one inotify watch (CK_FD_INOTIFY), added again by path at restore */
