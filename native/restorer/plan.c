@@ -46,6 +46,7 @@
  *                sockbuf SLOT SNDBUF RCVBUF     widen buffers before a large queue goes back
  *   plan_dgram.c dgram SLOT INO FAMILY TYPE PROTOCOL OPTS   a UDP, ping or raw socket
  *                dgrambind SLOT SOCKADDR        dgramconnect SLOT SOCKADDR
+ *                mcast SLOT FAMILY IFNAME GROUP a multicast group joined again (any source)
  *   plan_shm.c   shm SLOT DEV INO SIZE NAME     shmfill SLOT FILE
  *   plan_deleted.c  deleted SLOT DEV INO MODE UID GID SIZE PATH FILE   a deleted file (FILE: its
  *                                               contents) or removed directory (FILE "-")
@@ -306,6 +307,7 @@ static void fill_ops(void)
     OP("dgram", op_dgram, KEY(RST_KEY_DGRAM, 1, 0, 2));
     OP("dgrambind", op_dgrambind);
     OP("dgramconnect", op_dgramconnect);
+    OP("mcast", op_mcast);
     /* plan_shm.c */
     OP("shm", op_shm, KEY(RST_KEY_SHM, 1, 2, 3));
     OP("shmfill", op_shmfill);

@@ -69,6 +69,7 @@ void op_sockbuf(const struct line *l);
 void op_dgram(const struct line *l);
 void op_dgrambind(const struct line *l);
 void op_dgramconnect(const struct line *l);
+void op_mcast(const struct line *l);
 /* plan_shm.c */
 void op_shm(const struct line *l);
 void op_shmfill(const struct line *l);

@@ -8,11 +8,15 @@
  * process dups its sockets from the slots (fds.c).
  *   dgram SLOT INO FAMILY TYPE PROTOCOL OPTS   dgrambind SLOT SOCKADDR
  *   dgramconnect SLOT SOCKADDR
+ *   mcast SLOT FAMILY IFNAME GROUP   join a multicast group (any source) on
+ *                                    the interface of that name, here
  */
 #include "plan.h"
 
 #include <errno.h>
+#include <net/if.h>
 #include <netinet/in.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 
 static void set_on(int fd, int level, int name, int value, const char *what)
@@ -99,4 +103,34 @@ void op_dgramconnect(const struct line *l)
     while (rc == -EINTR);
     if (rc < 0)
         rst_fail("cannot connect a datagram socket to its old peer again", shown(addr, n, text, sizeof(text)), rc);
+}
+
+void op_mcast(const struct line *l)
+{
+    int fd = slot_fd(l, 1), family = (int)num(l, 2);
+    struct ifreq ifr;
+    ck_memset(&ifr, 0, sizeof(ifr));
+    char group[32];
+    unhex(l, 3, ifr.ifr_name, sizeof(ifr.ifr_name));
+    size_t n = unhex(l, 4, group, sizeof(group));
+    long rc = ck_ioctl(fd, SIOCGIFINDEX, &ifr);
+    if (rc < 0)
+        rst_fail("cannot join a multicast group again: its interface does not exist on this node", ifr.ifr_name, rc);
+    struct group_req req;
+    ck_memset(&req, 0, sizeof(req));
+    req.gr_interface = (uint32_t)ifr.ifr_ifindex;
+    if (family == AF_INET && n == 4) {
+        struct sockaddr_in *g = (void *)&req.gr_group;
+        g->sin_family = AF_INET;
+        ck_memcpy(&g->sin_addr, group, 4);
+    } else if (family == AF_INET6 && n == 16) {
+        struct sockaddr_in6 *g = (void *)&req.gr_group;
+        g->sin6_family = AF_INET6;
+        ck_memcpy(&g->sin6_addr, group, 16);
+    } else {
+        rst_fail("corrupt restore plan: bad multicast group", l->tok[4], 0);
+    }
+    rc = ck_setsockopt(fd, family == AF_INET ? SOL_IP : SOL_IPV6, MCAST_JOIN_GROUP, &req, sizeof(req));
+    if (rc < 0)
+        rst_fail("cannot join a multicast group again", ifr.ifr_name, rc);
 }

@@ -15,10 +15,14 @@
  *     still on its way out): their source addresses cannot be put back
  *     exactly, so the round is refused as a passing state and retried
  *     until the program has read them (SO_MEMINFO tells, consuming nothing);
- *   multicast group memberships: found exactly by asking the socket about
- *     every group the node's interfaces joined (/proc/net/igmp, igmp6;
- *     MCAST_MSFILTER answers only for the socket's own memberships), but
- *     an interface index does not survive a move to another node.
+ *   a multicast membership with a source filter (IP_ADD_SOURCE_MEMBERSHIP,
+ *     MCAST_MSFILTER...).
+ *
+ * Multicast memberships of any source are saved: found exactly by asking
+ * the socket about every group the node's interfaces joined (/proc/net/igmp,
+ * igmp6; MCAST_MSFILTER answers only for the socket's own memberships),
+ * each with its interface's name, by which it is joined again (an index
+ * does not survive a move to another node).
  *
  * Which process builds each socket is decided from every process's image
  * by the agent (ckptd/image/plan/dgram.py); the restorer builds them in
@@ -58,7 +62,28 @@ static uint64_t save_addr(struct ck_image *im, int fd, int peer, uint32_t *len_o
     return ck_table_bytes_append(&im->blob, &sa, len);
 }
 
-/* whether the socket is a member of group (raw bytes) on interface ifindex */
+static char text[65536];  /* /proc/net text: one socket table, or the groups */
+
+static int hexval(char c)
+{
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+/* hex digits into bytes, each 4-byte word given as %08X of its value in
+ * memory order (what /proc/net prints for addresses): its bytes, last first */
+static int parse_words(const char *h, uint8_t *out, int nwords)
+{
+    for (int k = 0; k < 8 * nwords; k++)
+        if (hexval(h[k]) < 0)
+            return -1;
+    for (int w = 0; w < nwords; w++)
+        for (int k = 0; k < 4; k++)
+            out[4 * w + 3 - k] = (uint8_t)(hexval(h[8 * w + 2 * k]) << 4 | hexval(h[8 * w + 2 * k + 1]));
+    return 0;
+}
+
+/* whether the socket is a member of group (raw bytes) on interface
+ * ifindex: 1 for any source, 2 with a source filter, 0 not a member */
 static int member(int fd, int family, uint32_t ifindex, const void *group)
 {
     struct group_filter gf;
@@ -75,39 +100,58 @@ static int member(int fd, int family, uint32_t ifindex, const void *group)
         ck_memcpy(&g->sin6_addr, group, 16);
     }
     unsigned len = sizeof(gf);
-    return ck_getsockopt(fd, family == AF_INET ? SOL_IP : SOL_IPV6, MCAST_MSFILTER, &gf, &len) == 0;
+    if (ck_getsockopt(fd, family == AF_INET ? SOL_IP : SOL_IPV6, MCAST_MSFILTER, &gf, &len) < 0)
+        return 0;
+    return gf.gf_fmode == MCAST_EXCLUDE && gf.gf_numsrc == 0 ? 1 : 2;
 }
 
-static char text[65536];  /* /proc/net text: one socket table, or the groups */
-
-static int hexval(char c)
-{
-    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
-}
-
-static int refuse_group(struct ck_image *im, int fd, const char *shown, uint32_t ifindex, const char *target)
+static int refuse_filter(struct ck_image *im, int fd, const char *shown, const char *ifname, const char *target)
 {
     static char why[200];
     struct ck_buf b;
     ck_buf_init(&b, why, sizeof(why));
     ck_buf_str(&b, "datagram socket that joined the multicast group ");
     ck_buf_str(&b, shown);
-    ck_buf_str(&b, " on interface ");
-    ck_buf_u64(&b, ifindex);
-    ck_buf_str(&b, ": ckptd cannot restore multicast memberships");
+    ck_buf_str(&b, " on ");
+    ck_buf_str(&b, ifname);
+    ck_buf_str(&b, " with a source filter: ckptd restores only memberships of any source");
     return ck_fail_fd(im, fd, why, target);
 }
 
-/*
- * /proc/net/igmp: a line per interface ("1\tlo        :     1      V3"),
- * then one per group it joined ("\t\t\t\t010000E0     1 0:00000000\t\t0",
- * the address's bytes in memory order, as hex).  /proc/net/igmp6: one line
- * per group, "1    lo              ff020000000000000000000000000001 ...".
- */
-static int check_groups(struct ck_image *im, int fd, int family, const char *target)
+/* one membership into BLOB (the records follow each other: nothing else
+ * is appended while the groups are read) */
+static int add_group(struct ck_image *im, struct ck_fd *f, int family, uint32_t ifindex, const uint8_t *g,
+                     const char *ifname, size_t namelen)
 {
+    struct ck_mcast_group m;
+    ck_memset(&m, 0, sizeof(m));
+    m.family = (uint32_t)family;
+    m.ifindex = ifindex;
+    ck_memcpy(m.group, g, family == AF_INET ? 4 : 16);
+    ck_memcpy(m.ifname, ifname, namelen < sizeof(m.ifname) ? namelen : sizeof(m.ifname) - 1);
+    if (ck_table_bytes_append(&im->blob, &m, sizeof(m)) == UINT64_MAX)
+        return ck_image_fail(im, "too much socket data", 0, 0);
+    f->nmcast++;
+    return 0;
+}
+
+/*
+ * The groups the socket joined, found by asking it about every group the
+ * node's interfaces joined.  /proc/net/igmp: a line per interface
+ * ("1\tlo        :     1      V3"), then one per group it joined
+ * ("\t\t\t\t010000E0     1 0:00000000\t\t0", the address as /proc/net
+ * prints addresses).  /proc/net/igmp6: one line per group,
+ * "1    lo              ff020000000000000000000000000001 ...".
+ */
+static int save_groups(struct ck_image *im, struct ck_fd *f, int family, const char *target)
+{
+    int fd = f->fd;
+    f->mcast_off = im->blob.count;
+    f->nmcast = 0;
     long n = ck_read_file("/proc/net/igmp", text, sizeof(text) - 1);
     uint32_t ifindex = 0;
+    char ifname[16];
+    size_t namelen = 0;
     for (long i = 0; n > 0 && i < n;) {
         const char *line = text + i;
         long end = i;
@@ -116,7 +160,13 @@ static int check_groups(struct ck_image *im, int fd, int family, const char *tar
         text[end] = 0;
         i = end + 1;
         if (line[0] >= '0' && line[0] <= '9') {
-            ifindex = (uint32_t)ck_parse_u64(line, 10, 0);
+            const char *p;
+            ifindex = (uint32_t)ck_parse_u64(line, 10, &p);
+            while (*p == '\t' || *p == ' ')
+                p++;
+            for (namelen = 0; p[namelen] && p[namelen] != ' ' && p[namelen] != ':' && namelen < 15; namelen++)
+                ifname[namelen] = p[namelen];
+            ifname[namelen] = 0;
             continue;
         }
         if (line[0] != '\t')
@@ -124,15 +174,10 @@ static int check_groups(struct ck_image *im, int fd, int family, const char *tar
         while (*line == '\t')
             line++;
         uint8_t g[4];
-        int ok = 1;
-        for (int k = 0; k < 8; k++)
-            ok &= hexval(line[k]) >= 0;
-        if (!ok)
+        if (parse_words(line, g, 1) < 0)
             continue;
-        /* "%08X" of the big-endian word: its bytes, last first */
-        for (int k = 0; k < 4; k++)
-            g[3 - k] = (uint8_t)(hexval(line[2 * k]) << 4 | hexval(line[2 * k + 1]));
-        if (member(fd, AF_INET, ifindex, g)) {
+        int m = member(fd, AF_INET, ifindex, g);
+        if (m == 2) {
             char shown[16];
             struct ck_buf b;
             ck_buf_init(&b, shown, sizeof(shown));
@@ -141,8 +186,10 @@ static int check_groups(struct ck_image *im, int fd, int family, const char *tar
                     ck_buf_char(&b, '.');
                 ck_buf_u64(&b, g[k]);
             }
-            return refuse_group(im, fd, ck_buf_cstr(&b), ifindex, target);
+            return refuse_filter(im, fd, ck_buf_cstr(&b), ifname, target);
         }
+        if (m && add_group(im, f, AF_INET, ifindex, g, ifname, namelen) < 0)
+            return -1;
     }
     if (family != AF_INET6)
         return 0;
@@ -158,8 +205,10 @@ static int check_groups(struct ck_image *im, int fd, int family, const char *tar
         ifindex = (uint32_t)ck_parse_u64(line, 10, &p);
         while (*p == ' ')
             p++;
-        while (*p && *p != ' ')  /* the device's name */
-            p++;
+        for (namelen = 0; p[namelen] && p[namelen] != ' ' && namelen < 15; namelen++)
+            ifname[namelen] = p[namelen];
+        ifname[namelen] = 0;
+        p += namelen;
         while (*p == ' ')
             p++;
         uint8_t g[16];
@@ -168,28 +217,18 @@ static int check_groups(struct ck_image *im, int fd, int family, const char *tar
             ok &= hexval(p[k]) >= 0;
         if (!ok)
             continue;
-        for (int k = 0; k < 16; k++)
+        for (int k = 0; k < 16; k++)  /* printed byte by byte (%pi6) */
             g[k] = (uint8_t)(hexval(p[2 * k]) << 4 | hexval(p[2 * k + 1]));
-        if (member(fd, AF_INET6, ifindex, g)) {
+        int m = member(fd, AF_INET6, ifindex, g);
+        if (m == 2) {
             char shown[33];
             ck_memcpy(shown, p, 32);
             shown[32] = 0;
-            return refuse_group(im, fd, shown, ifindex, target);
+            return refuse_filter(im, fd, shown, ifname, target);
         }
-    }
-    return 0;
-}
-
-/* hex digits into bytes, each 4-byte word given as %08X of its value in
- * memory order (what /proc/net prints for addresses): its bytes, last first */
-static int parse_words(const char *h, uint8_t *out, int nwords)
-{
-    for (int k = 0; k < 8 * nwords; k++)
-        if (hexval(h[k]) < 0)
+        if (m && add_group(im, f, AF_INET6, ifindex, g, ifname, namelen) < 0)
             return -1;
-    for (int w = 0; w < nwords; w++)
-        for (int k = 0; k < 4; k++)
-            out[4 * w + 3 - k] = (uint8_t)(hexval(h[8 * w + 2 * k]) << 4 | hexval(h[8 * w + 2 * k + 1]));
+    }
     return 0;
 }
 
@@ -294,7 +333,7 @@ int ck_dump_dgram(struct ck_image *im, struct ck_fd *f, int family, int type, co
     } else {
         f->sock_state = CK_SOCK_CONNECTED;
     }
-    if (check_groups(im, fd, family, target) < 0)
+    if (save_groups(im, f, family, target) < 0)
         return -1;
 
     /* bytes charged to the socket: a datagram (or an error) queued to be

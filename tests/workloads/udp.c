@@ -10,7 +10,8 @@
  *   udp STEPS raw           raw sockets (a protocol of their own, one with
  *                           IP_HDRINCL, one IPv6) exchanging packets
  *   udp STEPS ping          an ICMP ping socket pinging itself
- *   udp STEPS group         a socket that joined a multicast group
+ *   udp STEPS group         sockets that joined multicast groups (IPv4, IPv6)
+ *   udp STEPS groupfilter   one that joined a group for one source only
  *   udp STEPS addr ADDR     a socket bound to ADDR (a node's address)
  */
 #define _GNU_SOURCE
@@ -391,13 +392,78 @@ static void ping_check(int step)
 
 /* ---- group, addr ---- */
 
-static void group_setup(void)
+/* multicast: a v4 and a v6 socket joined groups on lo; the v4 one gets a
+ * datagram sent to its group at every step */
+static int grp6, msend;
+static struct sockaddr_in gaddr;
+
+static int joined(int fd, int family, const char *group)
+{
+    struct group_filter gf;
+    memset(&gf, 0, sizeof(gf));
+    gf.gf_interface = 1;
+    if (family == AF_INET) {
+        struct sockaddr_in *g = (void *)&gf.gf_group;
+        g->sin_family = AF_INET;
+        inet_pton(AF_INET, group, &g->sin_addr);
+    } else {
+        struct sockaddr_in6 *g = (void *)&gf.gf_group;
+        g->sin6_family = AF_INET6;
+        inet_pton(AF_INET6, group, &g->sin6_addr);
+    }
+    socklen_t len = sizeof(gf);
+    if (getsockopt(fd, family == AF_INET ? SOL_IP : SOL_IPV6, MCAST_MSFILTER, &gf, &len) < 0)
+        return 0;
+    return gf.gf_fmode == MCAST_EXCLUDE && gf.gf_numsrc == 0;
+}
+
+static void group_setup(int filter)
 {
     grp = udp(AF_INET);
-    struct ip_mreqn m = {.imr_ifindex = 1};
-    inet_pton(AF_INET, "239.1.2.3", &m.imr_multiaddr);
-    CHECK(setsockopt(grp, SOL_IP, IP_ADD_MEMBERSHIP, &m, sizeof(m)) == 0, "IP_ADD_MEMBERSHIP");
+    struct sockaddr_in any = {.sin_family = AF_INET};
+    CHECK(bind(grp, (struct sockaddr *)&any, sizeof(any)) == 0, "bind");
+    socklen_t len = sizeof(gaddr);
+    CHECK(getsockname(grp, (struct sockaddr *)&gaddr, &len) == 0, "getsockname");
+    inet_pton(AF_INET, "239.1.2.3", &gaddr.sin_addr);
+    if (filter) {
+        struct ip_mreq_source m = {.imr_interface.s_addr = htonl(INADDR_LOOPBACK)};
+        inet_pton(AF_INET, "239.1.2.3", &m.imr_multiaddr);
+        inet_pton(AF_INET, "127.0.0.1", &m.imr_sourceaddr);
+        CHECK(setsockopt(grp, SOL_IP, IP_ADD_SOURCE_MEMBERSHIP, &m, sizeof(m)) == 0, "IP_ADD_SOURCE_MEMBERSHIP");
+    } else {
+        struct ip_mreqn m = {.imr_ifindex = 1};
+        m.imr_multiaddr = gaddr.sin_addr;
+        CHECK(setsockopt(grp, SOL_IP, IP_ADD_MEMBERSHIP, &m, sizeof(m)) == 0, "IP_ADD_MEMBERSHIP");
+    }
+    grp6 = udp(AF_INET6);
+    struct ipv6_mreq m6 = {.ipv6mr_interface = 1};
+    inet_pton(AF_INET6, "ff15::1234", &m6.ipv6mr_multiaddr);
+    CHECK(setsockopt(grp6, SOL_IPV6, IPV6_JOIN_GROUP, &m6, sizeof(m6)) == 0, "IPV6_JOIN_GROUP");
+    msend = udp(AF_INET);
+    struct in_addr lo = {htonl(INADDR_LOOPBACK)};
+    CHECK(setsockopt(msend, SOL_IP, IP_MULTICAST_IF, &lo, sizeof(lo)) == 0, "IP_MULTICAST_IF");
+    bind_any(msend, AF_INET, "127.0.0.1");
     watch(grp);
+    watch(grp6);
+    watch(msend);
+}
+
+static void group_check(int step)
+{
+    check_looks();
+    CHECK(joined(grp, AF_INET, "239.1.2.3"), "not in 239.1.2.3");
+    CHECK(!joined(grp, AF_INET, "239.1.2.4"), "in 239.1.2.4");
+    CHECK(joined(grp6, AF_INET6, "ff15::1234"), "not in ff15::1234");
+    char msg[32], buf[64];
+    snprintf(msg, sizeof(msg), "multicast %d", step);
+    CHECK(sendto(msend, msg, strlen(msg), 0, (struct sockaddr *)&gaddr, sizeof(gaddr)) == (ssize_t)strlen(msg),
+          "sendto group");
+    struct sockaddr_storage from;
+    socklen_t flen = sizeof(from);
+    ssize_t n = recv_wait(grp, buf, sizeof(buf) - 1, &from, &flen);
+    buf[n] = 0;
+    CHECK(!strcmp(buf, msg), "group: got '%s'", buf);
+    printf("%s\n", buf);
 }
 
 static void addr_setup(const char *addr)
@@ -436,8 +502,9 @@ int main(int argc, char **argv)
     } else if (!strcmp(mode, "ping")) {
         ping_setup();
         check = ping_check;
-    } else if (!strcmp(mode, "group")) {
-        group_setup();
+    } else if (!strcmp(mode, "group") || !strcmp(mode, "groupfilter")) {
+        group_setup(!strcmp(mode, "groupfilter"));
+        check = strcmp(mode, "groupfilter") ? group_check : simple_check;
     } else if (!strcmp(mode, "addr")) {
         addr_setup(flag);
     } else {

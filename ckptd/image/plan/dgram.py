@@ -1,17 +1,21 @@
 """UDP, ICMP ping and raw sockets (native/restorer/plan_dgram.c): each made
 once at its slot (processes that share one through fork dup it from there),
-bound to its old address and connected to its old peer again, then its
-buffer sizes and options set.  Queued datagrams are never in an image: the
+bound to its old address and connected to its old peer again, its multicast
+groups joined again on interfaces of the same names, then its buffer sizes
+and options set.  Queued datagrams are never in an image: the
 shim refuses the round until they are read (native/shim/dump_dgram.c)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import struct
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..core import constant
-from ..sockaddr import AF_INET6, endpoint
-from .planner import Kind, Options, Planner, ProcessImage, Steps, hex_arg, options_of
+from ..sockaddr import AF_INET, AF_INET6, endpoint
+from .planner import Kind, Options, PlanError, Planner, ProcessImage, Steps, hex_arg, options_of
+
+_MCAST = struct.Struct("<II16s16s")  # struct ck_mcast_group: family, ifindex, group, ifname
 
 
 def _bound(raw: bytes, sock_type: int) -> bool:
@@ -38,6 +42,7 @@ class _Dgram:
     rcvbuf: int
     sndbuf: int
     options: Options | None
+    groups: list[tuple[int, bytes, bytes]] = field(default_factory=list)  # (family, address, interface name)
 
 
 class DgramSockets(Kind):
@@ -62,7 +67,20 @@ class DgramSockets(Kind):
             rcvbuf=int(fd.rcvbuf),
             sndbuf=int(fd.sndbuf),
             options=options_of(p, fd),
+            groups=self._groups(p, fd),
         )
+
+    @staticmethod
+    def _groups(p: ProcessImage, fd: Any) -> list[tuple[int, bytes, bytes]]:
+        n, off = int(fd.nmcast), int(fd.mcast_off)
+        raw = p.core.blob_bytes(off, n * _MCAST.size)
+        if len(raw) != n * _MCAST.size:
+            raise PlanError(f"{p.label()} fd {int(fd.fd)}: corrupt image (multicast groups outside its data)")
+        out = []
+        for i in range(n):
+            family, _, group, name = _MCAST.unpack_from(raw, i * _MCAST.size)
+            out.append((family, group[:4] if family == AF_INET else group, name.rstrip(b"\0")))
+        return out
 
     @staticmethod
     def _bind_address(d: _Dgram) -> bytes:
@@ -84,6 +102,8 @@ class DgramSockets(Kind):
                 st.bind.append(f"dgrambind {slot} {hex_arg(self._bind_address(d))}")
             if d.peer:
                 st.connect.append(f"dgramconnect {slot} {hex_arg(d.peer)}")
+            for family, group, name in d.groups:
+                st.connect.append(f"mcast {slot} {family} {hex_arg(name)} {hex_arg(group)}")
             # getsockopt reports twice what setsockopt asked for (the kernel's overhead)
             if d.sndbuf or d.rcvbuf:
                 st.finish.append(f"sockbuf {slot} {d.sndbuf // 2} {d.rcvbuf // 2}")

@@ -326,7 +326,19 @@ struct ck_fd {
        IPPROTO_UDP, IPPROTO_ICMP(V6), a raw socket's); sock_type, sock_family,
        sock_state, name and peer as for CK_FD_TCP */
     uint32_t sock_protocol;
-    uint32_t pad5;
+    /* CK_FD_UDP, CK_FD_RAW: the multicast groups the socket joined, nmcast
+       ck_mcast_group records in BLOB, joined again at restore */
+    uint32_t nmcast;
+    uint64_t mcast_off;
+};
+
+/* one multicast group a datagram socket joined (any source: one with a
+   source filter is refused), joined again on the interface of that name */
+struct ck_mcast_group {
+    uint32_t family;            /* the group's: AF_INET, AF_INET6 */
+    uint32_t ifindex;           /* informational: the index at checkpoint */
+    uint8_t group[16];          /* the address (4 bytes for AF_INET) */
+    char ifname[16];            /* the interface (IFNAMSIZ) */
 };
 
 /* one inotify watch (CK_FD_INOTIFY), added again by path at restore */
