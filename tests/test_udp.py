@@ -42,7 +42,9 @@ def test_udp_sockets_round_trip(ckptd: Ckptd, exe: str) -> None:
 
 def test_raw_sockets_round_trip(ckptd: Ckptd, exe: str) -> None:
     """Raw IPv4 sockets of their protocol (one bound, one connected with its
-    TTL, one with IP_HDRINCL writing its own headers) and a raw IPv6 one."""
+    TTL, one with IP_HDRINCL writing its own headers) and a raw IPv6 one
+    connected to ::1 (its peer, which getpeername() cannot tell, read from
+    /proc/net/raw6 inside)."""
     exact_round_trip(ckptd, "raw", [exe, STEPS, "raw"])
 
 

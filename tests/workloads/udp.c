@@ -8,7 +8,8 @@
  *                           every step
  *   udp STEPS queued FLAG   a datagram left unread until FLAG exists
  *   udp STEPS raw           raw sockets (a protocol of their own, one with
- *                           IP_HDRINCL, one IPv6) exchanging packets
+ *                           IP_HDRINCL) exchanging packets, and an IPv6 one
+ *                           connected to ::1
  *   udp STEPS ping          an ICMP ping socket pinging itself
  *   udp STEPS group         sockets that joined multicast groups (IPv4, IPv6)
  *   udp STEPS groupfilter   one that joined a group for one source only
@@ -25,6 +26,7 @@
 #include <signal.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -316,6 +318,8 @@ static void raw_setup(void)
     CHECK(fcntl(r3, F_SETFL, O_NONBLOCK) == 0, "O_NONBLOCK");
     CHECK((r6 = socket(AF_INET6, SOCK_RAW, PROTO)) >= 0, "raw IPv6 socket");
     set_i(r6, SOL_IPV6, IPV6_UNICAST_HOPS, 9);
+    struct sockaddr_in6 lo6 = {.sin6_family = AF_INET6, .sin6_addr = IN6ADDR_LOOPBACK_INIT};
+    CHECK(connect(r6, (struct sockaddr *)&lo6, sizeof(lo6)) == 0, "connect raw IPv6");
     int fds[] = {r1, r2, r3, r6};
     for (int i = 0; i < 4; i++)
         watch(fds[i]);
@@ -335,9 +339,35 @@ static void raw_recv(const char *want, int ttl)
     printf("raw got %s\n", want);
 }
 
+/* a raw socket's peer, which getpeername() does not tell: its line in
+ * /proc/net/raw6 ("sl local remote st ... inode"), remote and state */
+static void raw6_peer(int fd, char *out, size_t cap)
+{
+    struct stat st;
+    CHECK(fstat(fd, &st) == 0, "fstat");
+    FILE *f = fopen("/proc/self/net/raw6", "r");
+    CHECK(f, "/proc/self/net/raw6");
+    char line[512], remote[64] = "", state[8] = "";
+    unsigned long ino;
+    out[0] = 0;
+    while (fgets(line, sizeof(line), f))
+        if (sscanf(line, "%*s %*s %63s %7s %*s %*s %*s %*s %*s %lu", remote, state, &ino) == 3 &&
+            ino == (unsigned long)st.st_ino)
+            snprintf(out, cap, "%s %s", remote, state);
+    fclose(f);
+}
+
+static char r6_peer_at_setup[80];
+
 static void raw_check(int step)
 {
     check_looks();
+    char peer[80];
+    raw6_peer(r6, peer, sizeof(peer));
+    if (step == 1)
+        memcpy(r6_peer_at_setup, peer, sizeof(peer));
+    CHECK(peer[0] && !strcmp(peer, r6_peer_at_setup), "raw IPv6 peer '%s', not '%s'", peer, r6_peer_at_setup);
+    CHECK(strstr(peer, "00000000000000000000000001000000:0000 01"), "raw IPv6 socket not connected to ::1: %s", peer);
     char msg[64];
     snprintf(msg, sizeof(msg), "packet %d", step);
     CHECK(send(r2, msg, strlen(msg), 0) == (ssize_t)strlen(msg), "send raw");
