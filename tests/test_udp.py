@@ -74,9 +74,9 @@ def test_queued_datagram_is_waited_for(ckptd: Ckptd, exe: str, tmp_path: Path) -
     checkpoint succeeds, one success for the user; the restart is exact."""
     flag, ref_flag = tmp_path / "read", tmp_path / "ref-read"
     ref_flag.touch()
-    plain = run_plain([exe, STEPS, "queued", str(ref_flag)])
+    plain = run_plain([exe, "60", "queued", str(ref_flag)])
     c = ckptd
-    c.launch("qd", [exe, STEPS, "queued", str(flag)])
+    c.launch("qd", [exe, "60", "queued", str(flag)])
     c.wait_log("qd", r"^step 2 ok")
     attempt = subprocess.Popen(
         [CKPTCTL, "checkpoint", "qd", "--json"], env=c.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
