@@ -206,6 +206,11 @@ class CoreImage:
                 peer = show_endpoint(endpoint(self.blob_bytes(int(fd.peer_off), int(fd.peer_len))))
                 return f"{local} -> {peer}"
             return f"unconnected, {local}"
+        if fd.type in (constant("CK_FD_UDP"), constant("CK_FD_RAW")):
+            local = show_endpoint(endpoint(self.blob_bytes(int(fd.name_off), int(fd.name_len))))
+            if fd.peer_len:
+                return f"{local} -> {show_endpoint(endpoint(self.blob_bytes(int(fd.peer_off), int(fd.peer_len))))}"
+            return local
         if fd.type == constant("CK_FD_UNIX") and fd.name_len:
             name = self.blob_bytes(int(fd.name_off), int(fd.name_len))
             # abstract names start with a NUL; path names end with one
@@ -259,6 +264,8 @@ def _fd_type_name(t: int) -> str:
         "CK_FD_SIGNALFD": "signalfd",
         "CK_FD_PIDFD": "pidfd",
         "CK_FD_INOTIFY": "inotify",
+        "CK_FD_UDP": "UDP socket",
+        "CK_FD_RAW": "raw socket",
     }
     for const, name in names.items():
         if constant(const) == t:

@@ -177,6 +177,10 @@ void rst_restore_fds(const struct rst_image *im)
         case CK_FD_TCP:
             tmp = from_slot(f, RST_KEY_TCP, path);
             break;
+        case CK_FD_UDP:
+        case CK_FD_RAW:
+            tmp = from_slot(f, RST_KEY_DGRAM, path);  /* made by plan_dgram.c */
+            break;
         case CK_FD_SHMEM:
             tmp = reopen_object(f, RST_KEY_SHM, path);
             rst_shm_mode_and_seals(tmp, f, path);  /* plan_shm.c */

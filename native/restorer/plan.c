@@ -29,7 +29,7 @@
  *                listen SLOT BACKLOG            a Unix or TCP socket
  *                close SLOT
  *                sockopts SLOT FILE OFF COUNT   ck_sockopt records (native/common/sockopts.h)
- *                                               set again, on a Unix or TCP socket
+ *                                               set again, on a Unix, TCP, UDP or raw socket
  *   plan_pipe.c  pipe R W INO SIZE              fifo SLOT INO PATH
  *                log SLOT INO STDFD             the job's stdout/stderr pipe to the relay
  *   plan_unix.c  socket SLOT INO TYPE           socketpair A INO_A B INO_B TYPE
@@ -44,6 +44,9 @@
  *                tcprepair SLOT LOCAL PEER SND_SEQ RCV_SEQ MSS SND_WS RCV_WS TCPI_OPTS TS
  *                repairq SLOT 1|2 FILE OFF LEN  repairoff SLOT WL1 WND MAXWND RCVWND RCVWUP
  *                sockbuf SLOT SNDBUF RCVBUF     widen buffers before a large queue goes back
+ *   plan_dgram.c dgram SLOT INO FAMILY TYPE PROTOCOL OPTS   a UDP, ping or raw socket
+ *                dgrambind SLOT SOCKADDR        dgramconnect SLOT SOCKADDR
+ *                mcast SLOT FAMILY IFNAME GROUP a multicast group joined again (any source)
  *   plan_shm.c   shm SLOT DEV INO SIZE NAME     shmfill SLOT FILE
  *   plan_deleted.c  deleted SLOT DEV INO MODE UID GID SIZE PATH FILE   a deleted file (FILE: its
  *                                               contents) or removed directory (FILE "-")
@@ -259,7 +262,7 @@ static void op_sockopts(const struct line *l)
  * it is filled again each time it is used, where it runs.
  */
 #define KEY(kind, slot, dev, ino) {kind, slot, dev, ino}
-#define MAX_OPS 40
+#define MAX_OPS 48
 #define OP(w, fn, ...) add_op(&n, (struct plan_op){w, fn, {__VA_ARGS__}})
 static struct plan_op ops[MAX_OPS];
 static size_t nops;
@@ -300,6 +303,11 @@ static void fill_ops(void)
     OP("repairq", op_repairq);
     OP("repairoff", op_repairoff);
     OP("sockbuf", op_sockbuf);
+    /* plan_dgram.c */
+    OP("dgram", op_dgram, KEY(RST_KEY_DGRAM, 1, 0, 2));
+    OP("dgrambind", op_dgrambind);
+    OP("dgramconnect", op_dgramconnect);
+    OP("mcast", op_mcast);
     /* plan_shm.c */
     OP("shm", op_shm, KEY(RST_KEY_SHM, 1, 2, 3));
     OP("shmfill", op_shmfill);

@@ -65,6 +65,11 @@ void op_tcprepair(const struct line *l);
 void op_repairq(const struct line *l);
 void op_repairoff(const struct line *l);
 void op_sockbuf(const struct line *l);
+/* plan_dgram.c */
+void op_dgram(const struct line *l);
+void op_dgrambind(const struct line *l);
+void op_dgramconnect(const struct line *l);
+void op_mcast(const struct line *l);
 /* plan_shm.c */
 void op_shm(const struct line *l);
 void op_shmfill(const struct line *l);

@@ -9,7 +9,8 @@
  * Descriptors in flight (SCM_RIGHTS not yet received) refuse the checkpoint
  * (a passing state: retried).  A listener's backlog: save_backlog.
  *
- * TCP sockets are described in dump_tcp.c.
+ * TCP sockets are described in dump_tcp.c; UDP, ping and raw ones in
+ * dump_dgram.c.
  *
  * Which process builds which socket, and how the two ends of a pair meet
  * again, is decided from every process's image by the agent (ckptd/image/
@@ -254,8 +255,8 @@ static int save_backlog(struct ck_image *im, struct ck_fd *f, int nl, const stru
 static const char *family_name(int family)
 {
     switch (family) {
-    case AF_INET: return "UDP or raw IPv4 socket";
-    case AF_INET6: return "UDP or raw IPv6 socket";
+    case AF_INET: return "IPv4 socket of an unsupported type (SCTP?)";
+    case AF_INET6: return "IPv6 socket of an unsupported type (SCTP?)";
     case AF_NETLINK: return "netlink socket";
     case AF_PACKET: return "packet socket";
     default: return "socket of an unsupported family";
@@ -270,6 +271,8 @@ int ck_dump_socket(struct ck_image *im, struct ck_fd *f, int nl, const char *tar
         len = sizeof(type);
         if (ck_getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) == 0 && type == SOCK_STREAM && fd > 2)
             return ck_dump_tcp(im, f, family, target);
+        if ((type == SOCK_DGRAM || type == SOCK_RAW) && fd > 2)
+            return ck_dump_dgram(im, f, family, type, target);  /* dump_dgram.c */
     }
     if (family != AF_UNIX) {
         if (fd <= 2) {

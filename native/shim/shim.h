@@ -241,7 +241,7 @@ int ck_dump_epoll(struct ck_image *im, struct ck_fd *f, const char *fdinfo) CK_H
 int ck_dump_epoll_holders(struct ck_image *im) CK_HIDDEN;
 
 /* ---- dump_sockopts.c ---- */
-/* kind: CK_SO_UNIX, CK_SO_TCP4 or CK_SO_TCP6 (native/common/sockopts.h) */
+/* kind: CK_SO_* bits (native/common/sockopts.h) */
 int ck_dump_sockopts(struct ck_image *im, struct ck_fd *f, int fd, unsigned kind) CK_HIDDEN;
 
 /* ---- dump_sockets.c ---- */
@@ -251,6 +251,8 @@ int ck_peek_queue(struct ck_image *im, struct ck_fd *f, int fd) CK_HIDDEN;
 
 /* ---- dump_tcp.c ---- */
 int ck_dump_tcp(struct ck_image *im, struct ck_fd *f, int family, const char *target) CK_HIDDEN;
+/* ---- dump_dgram.c ---- */
+int ck_dump_dgram(struct ck_image *im, struct ck_fd *f, int family, int type, const char *target) CK_HIDDEN;
 /* let unsent TCP bytes leave; returns how many sockets still hold some */
 int ck_tcp_settle(int timeout_ms) CK_HIDDEN;
 

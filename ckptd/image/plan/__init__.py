@@ -9,7 +9,8 @@ descriptor number (a "slot") that every process inherits, put back the
 bytes that were in flight, then fork the tree with its old pids.
 
 One module per kind of object, named as its native/restorer/plan_<kind>.c
-is: pipe.py (pipes, FIFOs), unix.py (Unix sockets), tcp.py, shm.py (shared
+is: pipe.py (pipes, FIFOs), unix.py (Unix sockets), tcp.py, dgram.py (UDP,
+ping and raw sockets), shm.py (shared
 memory objects), deleted.py (deleted files and directories), file.py (files
 opened by path), eventfd.py, timerfd.py, signalfd.py, pidfd.py and
 inotify.py (which refuse one several processes share); tree.py (the process
@@ -29,6 +30,7 @@ from typing import Any
 from ..core import CoreImage
 from ..sockaddr import endpoint, ip_sockaddr
 from .deleted import DeletedFiles
+from .dgram import DgramSockets
 from .eventfd import Eventfds
 from .file import Files
 from .inotify import Inotifies
@@ -49,6 +51,7 @@ KINDS: tuple[type[Kind], ...] = (
     Pipes,
     UnixSockets,
     TcpSockets,
+    DgramSockets,
     SharedMemory,
     DeletedFiles,
     Files,

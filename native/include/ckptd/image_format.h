@@ -195,15 +195,20 @@ struct ck_page_source {
 #define CK_FD_SIGNALFD 15        /* signalfd: its mask */
 #define CK_FD_PIDFD 16           /* pidfd of a process of the job: opened again with pidfd_open */
 #define CK_FD_INOTIFY 17         /* inotify: its watches, added again by path in their order */
+#define CK_FD_UDP 20             /* datagram inet socket (UDP, ICMP ping; IPv4/IPv6): recreated by the
+                                    restore plan, bound and connected again (native/shim/dump_dgram.c) */
+#define CK_FD_RAW 21             /* raw inet socket (SOCK_RAW, its protocol): as CK_FD_UDP */
 
-/* ck_fd.sock_opts (CK_FD_TCP): options set again on the new socket */
+/* ck_fd.sock_opts (CK_FD_TCP, CK_FD_UDP, CK_FD_RAW): options set again on the new socket */
 #define CK_SOCKOPT_NODELAY 0x1
 #define CK_SOCKOPT_KEEPALIVE 0x2
 #define CK_SOCKOPT_REUSEADDR 0x4
 #define CK_SOCKOPT_REUSEPORT 0x8
 #define CK_SOCKOPT_V6ONLY 0x10
+#define CK_SOCKOPT_FREEBIND 0x20     /* IP_FREEBIND: set before the bind it allows */
+#define CK_SOCKOPT_TRANSPARENT 0x40  /* IP_TRANSPARENT: the same */
 
-/* ck_fd.sock_state (CK_FD_UNIX, CK_FD_TCP) */
+/* ck_fd.sock_state (CK_FD_UNIX, CK_FD_TCP; CK_FD_UDP and CK_FD_RAW: connected or not) */
 #define CK_SOCK_UNCONNECTED 0
 #define CK_SOCK_CONNECTED 1
 #define CK_SOCK_LISTEN 2
@@ -321,6 +326,23 @@ struct ck_fd {
     uint32_t nwatches;
     uint32_t pad4;
     uint64_t watches_off;
+    /* CK_FD_UDP, CK_FD_RAW: the protocol the socket was made with (SO_PROTOCOL:
+       IPPROTO_UDP, IPPROTO_ICMP(V6), a raw socket's); sock_type, sock_family,
+       sock_state, name and peer as for CK_FD_TCP */
+    uint32_t sock_protocol;
+    /* CK_FD_UDP, CK_FD_RAW: the multicast groups the socket joined, nmcast
+       ck_mcast_group records in BLOB, joined again at restore */
+    uint32_t nmcast;
+    uint64_t mcast_off;
+};
+
+/* one multicast group a datagram socket joined (any source: one with a
+   source filter is refused), joined again on the interface of that name */
+struct ck_mcast_group {
+    uint32_t family;            /* the group's: AF_INET, AF_INET6 */
+    uint32_t ifindex;           /* informational: the index at checkpoint */
+    uint8_t group[16];          /* the address (4 bytes for AF_INET) */
+    char ifname[16];            /* the interface (IFNAMSIZ) */
 };
 
 /* one inotify watch (CK_FD_INOTIFY), added again by path at restore */
