@@ -266,10 +266,10 @@ int ck_peek_queue(struct ck_image *im, struct ck_fd *f, int fd)
     f->flags |= CK_FDF_DATA_SAVED;
     int result = 0;
     for (uint32_t guard = 0; guard < (1u << 24); guard++) {
-        union {
+        static union {
             struct cmsghdr h;
             char space[CMSG_SPACE(sizeof(int) * 253)];  /* SCM_MAX_FD: one message never carries more */
-        } ctl;
+        } ctl;  /* off the checkpoint thread's stack */
         int at = (int)f->data_len;  /* a stream's peek offset: the bytes saved so far */
         struct iovec iov = {buf, PEEK_BUF};
         struct msghdr msg;
