@@ -148,7 +148,7 @@ static int query(int nl, uint32_t ino, struct diag_info *out)
  * looks ahead through the buffers after the bytes it copies and returns the
  * next descriptors), so a stream's descriptors are saved when the bytes
  * from the last boundary to that end are one byte (sendmsg of one byte with
- * the descriptors: multiprocessing, and most programs that pass them), and
+ * the descriptors, as multiprocessing.reduction.sendfds does), and
  * refused otherwise (a passing state, retried).  So is a socket in flight
  * whose own queue carries descriptors.
  */
