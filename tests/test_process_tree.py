@@ -170,12 +170,14 @@ def test_torchrun_gloo_two_ranks(ckptd: Ckptd, torch_path: str) -> None:
 
 
 def test_descriptors_in_flight_retry_then_refuse(ckptd: Ckptd, tmp_path: Path) -> None:
-    """A descriptor sitting in a Unix socket's queue cannot be saved.  The
-    coordinator aborts the round (the job runs on), waits a moment and tries
-    again: once the process has taken the descriptor, the checkpoint
-    succeeds without the caller seeing the failures.  A descriptor that
-    stays in flight through every try is refused with a clear error, no
-    checkpoint is recorded, and the job's output is unharmed."""
+    """A descriptor in flight in a Unix socket's queue whose kind ckptd
+    cannot save (a UDP socket; a pipe's end beside it would be saved,
+    test_in_flight.py) keeps the passing refusal.  The coordinator aborts
+    the round (the job runs on), waits a moment and tries again: once the
+    process has taken the descriptors, the checkpoint succeeds without the
+    caller seeing the failures.  A descriptor that stays in flight through
+    every try is refused with a clear error, no checkpoint is recorded, and
+    the job's output is unharmed."""
     c = ckptd
     argv = [PYTHON, str(WORKLOADS / "fd_in_flight.py"), "300"]
     ref_flag = tmp_path / "ref.flag"
@@ -188,7 +190,7 @@ def test_descriptors_in_flight_retry_then_refuse(ckptd: Ckptd, tmp_path: Path) -
     c.wait_log("scm", r"^sent$")
     failed = c.ctl("checkpoint", "scm", check=False)
     assert failed.returncode == 4, failed.stderr
-    assert "file descriptors in flight" in failed.stderr, failed.stderr
+    assert "file descriptor in flight" in failed.stderr and "UDP" in failed.stderr, failed.stderr
     assert re.search(r"tried ([5-9]|\d\d+) times", failed.stderr), failed.stderr  # for 10 s, not 4 tries
     assert c.ctl_json("list", "scm") == []
     assert c.status("scm")["state"] == "running"

@@ -244,6 +244,7 @@ CK_ALWAYS_INLINE long ck_sendto(int fd, const void *buf, size_t n, int flags, co
     return ck_sc6(SYS_sendto, fd, (long)buf, (long)n, flags, (long)addr, alen);
 }
 CK_ALWAYS_INLINE long ck_recvmsg(int fd, void *msg, int flags) { return ck_sc3(SYS_recvmsg, fd, msg, flags); }
+CK_ALWAYS_INLINE long ck_sendmsg(int fd, const void *msg, int flags) { return ck_sc3(SYS_sendmsg, fd, msg, flags); }
 CK_ALWAYS_INLINE long ck_getsockopt(int fd, int level, int name, void *val, unsigned *len)
 {
     return ck_sc5(SYS_getsockopt, fd, level, name, val, len);

@@ -127,6 +127,8 @@ void rst_restore_fds(const struct rst_image *im)
 {
     for (uint32_t i = 0; i < im->nfds; i++) {
         const struct ck_fd *f = &im->fds[i];
+        if (f->flags & CK_FDF_IN_FLIGHT)
+            continue;  /* in a socket's queue, not the process's: the plan sent it again (plan_unix.c) */
         const char *path = rst_str(im, f->path);
         int tmp = -1;
         int shared = f->type == CK_FD_DUP ? -1 : rst_slot_for(RST_KEY_DESC, (uint32_t)im->proc->pid, (uint32_t)f->fd);
@@ -228,7 +230,7 @@ void rst_restore_fds(const struct rst_image *im)
     }
     for (uint32_t i = 0; i < im->nfds; i++) {
         const struct ck_fd *f = &im->fds[i];
-        if (f->type != CK_FD_DUP)
+        if (f->type != CK_FD_DUP || (f->flags & CK_FDF_IN_FLIGHT))
             continue;
         long rc = ck_dup3(f->dup_of, f->fd, (f->fd_flags & FD_CLOEXEC) ? O_CLOEXEC : 0);
         if (rc < 0)
@@ -240,7 +242,8 @@ void rst_restore_fds(const struct rst_image *im)
             ck_close(rst.stdio_fd[i]);
     rst_close_slots();  /* what this process does not hold must not stay open */
     for (uint32_t i = 0; i < im->nfds; i++)
-        take_locks(im, &im->fds[i], 1);
+        if (!(im->fds[i].flags & CK_FDF_IN_FLIGHT))
+            take_locks(im, &im->fds[i], 1);
 }
 
 /* F_SETOWN_EX and F_SETSIG; an owner in another process of the job may be
@@ -249,7 +252,7 @@ void rst_restore_fd_owners(const struct rst_image *im)
 {
     for (uint32_t i = 0; i < im->nfds; i++) {
         const struct ck_fd *f = &im->fds[i];
-        if (f->type == CK_FD_DUP)
+        if (f->type == CK_FD_DUP || (f->flags & CK_FDF_IN_FLIGHT))
             continue;
         if (f->sigio_signal) {
             long rc = ck_fcntl(f->fd, F_SETSIG, (long)f->sigio_signal);

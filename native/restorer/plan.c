@@ -35,6 +35,8 @@
  *   plan_unix.c  socket SLOT INO TYPE           socketpair A INO_A B INO_B TYPE
  *                bind SLOT NAME                 connect SLOT NAME
  *                messages SLOT FILE OFF LEN     uint32-length records, one send() each
+ *                rights SLOT FILE OFF LEN FDS   one message sent with descriptors (SCM_RIGHTS of
+ *                                               the slots FDS, comma-separated)
  *                sendto TYPE NAME FILE OFF LEN  records sent from a temporary socket
  *                shutdown SLOT HOW
  *   plan_tcp.c   tcp SLOT INO FAMILY OPTS       tcpbind SLOT SOCKADDR   tcpopts SLOT OPTS
@@ -292,6 +294,7 @@ static void fill_ops(void)
     OP("bind", op_bind);
     OP("connect", op_connect);
     OP("messages", op_messages);
+    OP("rights", op_rights);
     OP("sendto", op_sendto);
     OP("shutdown", op_shutdown);
     /* plan_tcp.c */

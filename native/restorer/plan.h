@@ -54,6 +54,7 @@ void op_socketpair(const struct line *l);
 void op_bind(const struct line *l);
 void op_connect(const struct line *l);
 void op_messages(const struct line *l);
+void op_rights(const struct line *l);
 void op_sendto(const struct line *l);
 void op_shutdown(const struct line *l);
 /* plan_tcp.c */

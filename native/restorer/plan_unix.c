@@ -7,6 +7,9 @@
  *   socket SLOT INO TYPE           socketpair A INO_A B INO_B TYPE
  *   bind SLOT NAME                 connect SLOT NAME
  *   messages SLOT FILE OFF LEN     uint32-length records, one send() each
+ *   rights SLOT FILE OFF LEN FDS   one message (FILE OFF LEN: its bytes) sent with
+ *                                  descriptors in flight, SCM_RIGHTS of the slots FDS
+ *                                  (comma-separated, in order)
  *   sendto TYPE NAME FILE OFF LEN  records sent from a temporary socket
  *   shutdown SLOT HOW
  * `listen`, `close` and `sockopts` (plan.c) serve TCP sockets too.
@@ -134,4 +137,49 @@ void op_shutdown(const struct line *l)
     long rc = ck_shutdown(slot_fd(l, 1), (int)num(l, 2));
     if (rc < 0 && rc != -ENOTCONN)
         rst_fail("cannot shut a socket down", 0, rc);
+}
+
+/* a message that carried descriptors, sent again with the plan's objects
+ * (made at their slots before: plan/unix.py) in their place */
+void op_rights(const struct line *l)
+{
+    int to = slot_fd(l, 1);
+    uint64_t off = num(l, 3), n = num(l, 4);
+    if (n > BOUNCE)
+        rst_fail("corrupt restore plan: a message with descriptors is too large", 0, 0);
+    if (l->ntok < 6)
+        rst_fail("corrupt restore plan: a line is too short", l->tok[0], 0);
+    union {
+        struct cmsghdr h;
+        char space[CMSG_SPACE(sizeof(int) * 253)];  /* SCM_MAX_FD */
+    } ctl;
+    int *fds = (int *)CMSG_DATA(&ctl.h);
+    uint32_t nfds = 0;
+    for (const char *p = l->tok[5]; *p;) {
+        const char *end;
+        uint64_t s = ck_parse_u64(p, 10, &end);
+        if (end == p || nfds >= 253 || s >= (uint64_t)rst.nslots || (*end && *end != ','))
+            rst_fail("corrupt restore plan: bad descriptor slots", l->tok[5], 0);
+        fds[nfds++] = rst.slot_base + (int)s;
+        p = *end ? end + 1 : end;
+    }
+    long in = open_data(l, 2);
+    rst_pread_all((int)in, bounce, n, off, "saved queue data is truncated");
+    ck_close((int)in);
+    struct iovec iov = {bounce, n};
+    struct msghdr msg;
+    ck_memset(&msg, 0, sizeof(msg));
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = &ctl;
+    msg.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
+    ctl.h.cmsg_level = SOL_SOCKET;
+    ctl.h.cmsg_type = SCM_RIGHTS;
+    ctl.h.cmsg_len = CMSG_LEN(sizeof(int) * nfds);
+    long w;
+    do
+        w = ck_sendmsg(to, &msg, MSG_DONTWAIT);
+    while (w == -EINTR);
+    if (w != (long)n)
+        rst_fail("cannot put a queued message with descriptors back", 0, w < 0 ? w : -EIO);
 }

@@ -120,7 +120,10 @@ int ck_dump_epoll_holders(struct ck_image *im)
             if (ck_kcmp(pid, pid, KCMP_EPOLL_TFD, t->tfd, (long)&slot) == 0)
                 t->holder = t->tfd;
             for (size_t j = 0; j < im->fds.count && t->holder < 0; j++) {
-                int fd = ((struct ck_fd *)ck_table_at(&im->fds, j))->fd;
+                struct ck_fd *o = ck_table_at(&im->fds, j);
+                int fd = o->fd;
+                if (o->flags & CK_FDF_IN_FLIGHT)
+                    continue;  /* a copy the dump made, gone at RESUME */
                 if (ck_kcmp(pid, pid, KCMP_EPOLL_TFD, fd, (long)&slot) == 0)
                     t->holder = fd;
             }

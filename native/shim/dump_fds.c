@@ -45,11 +45,20 @@ static void fd_path(char *out, size_t cap, const char *dir, int fd)
     ck_buf_u64(&b, (uint64_t)fd);
 }
 
+static int describing_flight;  /* dump_one of a descriptor in flight: its number is only our copy's */
+
 int ck_fail_fd(struct ck_image *im, int fd, const char *why, const char *target)
 {
     char what[320];
     struct ck_buf b;
     ck_buf_init(&b, what, sizeof(what));
+    if (describing_flight) {
+        ck_buf_str(&b, "a Unix socket has a file descriptor in flight (SCM_RIGHTS sent, not yet received) that ckptd "
+                       "cannot save (");
+        ck_buf_str(&b, why);
+        ck_buf_str(&b, ")");
+        return ck_image_fail(im, what, target, 0);
+    }
     ck_buf_str(&b, "unsupported file descriptor ");
     ck_buf_u64(&b, (uint64_t)fd);
     ck_buf_str(&b, " (");
@@ -395,12 +404,70 @@ static int find_dup(struct ck_image *im, struct ck_fd *f, int pid)
     return -1;
 }
 
+/* describe descriptor fd into a new record; 1: closed meanwhile (no record) */
+static int dump_one(struct ck_image *im, int fd, int pid, int in_flight)
+{
+    static char target[4096];
+    static char info[65536];
+    char path[64];
+    fd_path(path, sizeof(path), "/proc/self/fd/", fd);
+    long tl = ck_readlink(path, target, sizeof(target) - 1);
+    if (tl < 0)
+        return 1;  /* closed meanwhile */
+    target[tl] = 0;
+    struct stat st;
+    if (ck_fstat(fd, &st) < 0)
+        return 1;
+    struct ck_fd *f = ck_table_push(&im->fds);
+    if (!f)
+        return ck_image_fail(im, "too many file descriptors", 0, 0);
+    f->fd = fd;
+    f->open_flags = (uint32_t)ck_fcntl(fd, F_GETFL, 0);
+    f->fd_flags = (uint32_t)ck_fcntl(fd, F_GETFD, 0);
+    f->mode = st.st_mode;
+    f->dev = st.st_dev;
+    f->ino = st.st_ino;
+    f->size = (uint64_t)st.st_size;
+    f->mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec;
+    f->dup_of = find_dup(im, f, pid);
+    f->path = ck_image_string(im, target);
+    if (in_flight)
+        f->flags |= CK_FDF_IN_FLIGHT;
+    if (f->dup_of >= 0) {
+        f->type = CK_FD_DUP;
+        return 0;
+    }
+    if (!in_flight)
+        return classify(im, f, target, &st, info, sizeof(info)) < 0 ||
+                       dump_owner_and_locks(im, f, target, info, sizeof(info)) < 0
+                   ? -1
+                   : 0;
+    /* in flight: only the kinds the plan can make at a slot and send again
+     * (its locks and SIGIO owner are the receiver's to set, once received) */
+    ck_flight_describing(1);
+    describing_flight = 1;
+    int rc = classify(im, f, target, &st, info, sizeof(info));
+    describing_flight = 0;
+    ck_flight_describing(0);
+    if (rc < 0)
+        return ck_image_passing(im, rc);  /* the receiver may take it meanwhile */
+    if (f->type == CK_FD_REG || f->type == CK_FD_DIR || f->type == CK_FD_CHR || f->type == CK_FD_PIPE ||
+        f->type == CK_FD_UNIX)
+        return 0;
+    char what[160];
+    struct ck_buf b;
+    ck_buf_init(&b, what, sizeof(what));
+    ck_buf_str(&b, "a Unix socket has a file descriptor in flight (SCM_RIGHTS sent, not yet received) that ckptd "
+                   "cannot send again: ");
+    ck_buf_str(&b, target);
+    return ck_image_passing(im, ck_image_fail(im, what, 0, 0));
+}
+
 int ck_dump_fds(struct ck_image *im)
 {
     static char dents[16384];
-    static char target[4096];
-    static char info[65536];
     int pid = (int)ck_getpid();
+    ck_flight_close();  /* an earlier round's, if its ABORT never came */
     /* opened before listing, so it is never mistaken for one of the job's */
     im->diag_fd = ck_sock_diag_open();
     long dfd = ck_open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
@@ -425,42 +492,20 @@ int ck_dump_fds(struct ck_image *im)
             if (d->d_name[0] < '0' || d->d_name[0] > '9')
                 continue;
             int fd = (int)ck_parse_u64(d->d_name, 10, 0);
-            if (fd == dfd || fd == im->diag_fd || ck_image_is_own_fd(im, fd))
+            /* a copy of a descriptor in flight that a socket's peek installed: below */
+            if (fd == dfd || fd == im->diag_fd || ck_image_is_own_fd(im, fd) || ck_flight_has(fd))
                 continue;
-            char path[64];
-            fd_path(path, sizeof(path), "/proc/self/fd/", fd);
-            long tl = ck_readlink(path, target, sizeof(target) - 1);
-            if (tl < 0)
-                continue;  /* closed meanwhile */
-            target[tl] = 0;
-            struct stat st;
-            if (ck_fstat(fd, &st) < 0)
-                continue;
-            struct ck_fd *f = ck_table_push(&im->fds);
-            if (!f) {
-                rc = ck_image_fail(im, "too many file descriptors", 0, 0);
-                break;
-            }
-            f->fd = fd;
-            f->open_flags = (uint32_t)ck_fcntl(fd, F_GETFL, 0);
-            f->fd_flags = (uint32_t)ck_fcntl(fd, F_GETFD, 0);
-            f->mode = st.st_mode;
-            f->dev = st.st_dev;
-            f->ino = st.st_ino;
-            f->size = (uint64_t)st.st_size;
-            f->mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec;
-            f->dup_of = find_dup(im, f, pid);
-            f->path = ck_image_string(im, target);
-            if (f->dup_of >= 0) {
-                f->type = CK_FD_DUP;
-                continue;
-            }
-            if (classify(im, f, target, &st, info, sizeof(info)) < 0 ||
-                dump_owner_and_locks(im, f, target, info, sizeof(info)) < 0)
+            if (dump_one(im, fd, pid, 0) < 0)
                 rc = -1;
         }
         if (rc)
             break;
+    }
+    /* the descriptors in flight, after every descriptor of the process (so
+     * one the process holds too is their CK_FD_DUP, not the other way) */
+    for (uint32_t i = 0; rc == 0 && i < ck_flight_count(); i++) {
+        if (dump_one(im, ck_flight_fd(i), pid, 1) < 0)
+            rc = -1;
     }
     ck_close((int)dfd);
     if (im->diag_fd >= 0)

@@ -6,8 +6,9 @@
  * queued for reading are copied without consuming them: MSG_PEEK walking
  * forward with SO_PEEK_OFF.  Datagram and seqpacket queues keep their
  * message boundaries (each record is a uint32 length, then the bytes).
- * Descriptors in flight (SCM_RIGHTS not yet received) refuse the checkpoint
- * (a passing state: retried).  A listener's backlog: save_backlog.
+ * Descriptors in flight (SCM_RIGHTS not yet received) are saved with the
+ * messages that carry them: see "Descriptors in flight" below.  A listener's
+ * backlog: save_backlog.
  *
  * TCP sockets are described in dump_tcp.c; UDP, ping and raw ones in
  * dump_dgram.c.
@@ -132,9 +133,125 @@ static int query(int nl, uint32_t ino, struct diag_info *out)
     return 0;
 }
 
+/*
+ * Descriptors in flight.  A peek with a control buffer installs copies of a
+ * message's descriptors in this process (unix_peek_fds: the queue keeps its
+ * own), as CRIU's sk-queue.c reads them.  The copies stay open, listed here,
+ * until RESUME or ABORT (ck_flight_close): ck_dump_fds describes each as a
+ * CK_FDF_IN_FLIGHT record like any descriptor, and the agent's kcmp pass,
+ * which runs after the dump, sees which open file descriptions they share
+ * with the job's other descriptors.  The socket's ck_rights records name
+ * them by number; the restore plan makes each at a slot and sends the
+ * messages again with them (ckptd/image/plan/unix.py).  A stream's
+ * descriptors ride on the kernel buffer (skb) of the bytes sent with them: a
+ * read that reaches its first byte returns them, one that reaches its end
+ * stops there.  A peek shows where it ends, never where it starts (a peek
+ * looks ahead through the buffers after the bytes it copies and returns the
+ * next descriptors), so a stream's descriptors are saved when the bytes
+ * from the last boundary to that end are one byte (sendmsg of one byte with
+ * the descriptors, as multiprocessing.reduction.sendfds does), and
+ * refused otherwise (a passing state, retried).  So is a socket in flight
+ * whose own queue carries descriptors.
+ */
+#define MAX_FLIGHT 1024
+#define RIGHTS_CAP 65536
+static int flight[MAX_FLIGHT];
+static uint32_t nflight;
+static int peeking_flight;  /* describing a descriptor in flight: its own queue may carry none */
+
+int ck_flight_has(int fd)
+{
+    for (uint32_t i = 0; i < nflight; i++)
+        if (flight[i] == fd)
+            return 1;
+    return 0;
+}
+
+uint32_t ck_flight_count(void)
+{
+    return nflight;
+}
+
+int ck_flight_fd(uint32_t i)
+{
+    return flight[i];
+}
+
+void ck_flight_describing(int on)
+{
+    peeking_flight = on;
+}
+
+void ck_flight_close(void)
+{
+    for (uint32_t i = 0; i < nflight; i++)
+        ck_close(flight[i]);
+    nflight = 0;
+}
+
+void ck_flight_forget(void)
+{
+    nflight = 0;  /* a restored process: the copies were never made again */
+}
+
+static void close_passed(struct msghdr *msg)
+{
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(msg); c; c = CMSG_NXTHDR(msg, c))
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
+            for (size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++)
+                ck_close(((int *)CMSG_DATA(c))[i]);
+}
+
+/* keep a message's passed descriptors in flight[] and its ck_rights in rights */
+static int keep_rights(struct ck_image *im, struct msghdr *msg, uint64_t at, uint32_t len, char *rights,
+                       size_t *used)
+{
+    struct ck_rights r = {at, len, 0};
+    size_t head = *used;
+    if (head + sizeof(r) > RIGHTS_CAP)
+        goto full;
+    *used += sizeof(r);
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(msg); c; c = CMSG_NXTHDR(msg, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+            continue;
+        for (size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++) {
+            int passed = ((int *)CMSG_DATA(c))[i];
+            if (passed <= 2) {
+                /* not where stdin, stdout or stderr belong (classify reads those as the log's) */
+                long high = ck_fcntl(passed, F_DUPFD_CLOEXEC, 3);
+                if (high >= 0) {
+                    ck_close(passed);
+                    passed = (int)high;
+                    ((int *)CMSG_DATA(c))[i] = passed;
+                }
+            }
+            if (nflight >= MAX_FLIGHT || *used + sizeof(int32_t) > RIGHTS_CAP) {
+                ck_close(passed);
+                goto full;
+            }
+            flight[nflight++] = passed;
+            ck_memcpy(rights + *used, &passed, sizeof(int32_t));
+            *used += sizeof(int32_t);
+            r.nfds++;
+        }
+    }
+    while (*used % 8)
+        rights[(*used)++] = 0;
+    ck_memcpy(rights + head, &r, sizeof(r));
+    return 0;
+full:
+    close_passed(msg);
+    return ck_image_passing(im, ck_image_fail(im, "a Unix socket has more than 1024 file descriptors in flight "
+                                                  "(SCM_RIGHTS sent, not yet received)", 0, 0));
+}
+
 /* copy the receive queue without consuming it */
 int ck_peek_queue(struct ck_image *im, struct ck_fd *f, int fd)
 {
+    static char *rights;
+    size_t rights_used = 0;
+    if (!rights && !(rights = ck_arena_alloc(RIGHTS_CAP)))
+        return ck_image_fail(im, "cannot allocate checkpoint scratch memory", 0, 0);
     static char *buf;
     if (!buf && !(buf = ck_arena_alloc(PEEK_BUF)))
         return ck_image_fail(im, "cannot allocate checkpoint scratch memory", 0, 0);
@@ -150,10 +267,11 @@ int ck_peek_queue(struct ck_image *im, struct ck_fd *f, int fd)
     f->flags |= CK_FDF_DATA_SAVED;
     int result = 0;
     for (uint32_t guard = 0; guard < (1u << 24); guard++) {
-        union {
+        static union {
             struct cmsghdr h;
-            char space[CMSG_SPACE(sizeof(int) * 64)];
-        } ctl;
+            char space[CMSG_SPACE(sizeof(int) * 253)];  /* SCM_MAX_FD: one message never carries more */
+        } ctl;  /* off the checkpoint thread's stack */
+        int at = (int)f->data_len;  /* a stream's peek offset: the bytes saved so far */
         struct iovec iov = {buf, PEEK_BUF};
         struct msghdr msg;
         ck_memset(&msg, 0, sizeof(msg));
@@ -170,21 +288,35 @@ int ck_peek_queue(struct ck_image *im, struct ck_fd *f, int fd)
             result = ck_image_fail(im, "cannot read a socket's queue", 0, n);
             break;
         }
-        int fds_in_flight = (msg.msg_flags & MSG_CTRUNC) != 0;
-        for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
-            if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-                int *passed = (int *)CMSG_DATA(c);
-                size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-                for (size_t i = 0; i < k; i++)
-                    ck_close(passed[i]);  /* peeking installed copies: drop them */
-                fds_in_flight = 1;
-            }
-        }
-        if (fds_in_flight) {
-            /* the receiver takes them as soon as it runs again */
-            result = ck_image_passing(im, ck_image_fail(im, "a Unix socket has file descriptors in flight (SCM_RIGHTS "
-                                                            "sent, not yet received)", 0, 0));
+        int passed = 0;
+        for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c))
+            passed |= c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS;
+        if ((msg.msg_flags & MSG_CTRUNC) || (passed && peeking_flight)) {
+            /* more than the control buffer holds (RLIMIT_NOFILE: more than
+             * this process may take), or a socket in flight carrying more: the
+             * receiver takes them as soon as it runs again */
+            close_passed(&msg);
+            result = ck_image_passing(
+                im, ck_image_fail(im, peeking_flight ? "a Unix socket in flight carries file descriptors in flight "
+                                                       "itself (SCM_RIGHTS sent, not yet received)"
+                                                     : "a Unix socket has file descriptors in flight (SCM_RIGHTS "
+                                                       "sent, not yet received) that ckptd cannot take",
+                                  0, 0));
             break;
+        }
+        if (passed && stream && n != 1) {
+            close_passed(&msg);
+            result = ck_image_passing(
+                im, ck_image_fail(im, "a Unix stream socket has file descriptors in flight (SCM_RIGHTS sent, not yet "
+                                      "received) after bytes whose boundary with theirs ckptd cannot see",
+                                  0, 0));
+            break;
+        }
+        if (passed) {
+            if ((result = keep_rights(im, &msg, stream ? (uint64_t)at : f->nqueued, (uint32_t)n, rights,
+                                      &rights_used)) < 0)
+                break;
+            f->nrights++;
         }
         if (msg.msg_flags & MSG_TRUNC) {
             result = ck_image_fail(im, "a queued datagram is larger than 4 MiB", 0, 0);
@@ -208,6 +340,11 @@ int ck_peek_queue(struct ck_image *im, struct ck_fd *f, int fd)
             f->nqueued = 1;
     }
     ck_setsockopt(fd, SOL_SOCKET, SO_PEEK_OFF, &old_off, sizeof(old_off));
+    if (result == 0 && f->nrights) {
+        f->rights_off = im->blob.count;
+        if (ck_table_bytes_append(&im->blob, rights, rights_used) == UINT64_MAX)
+            return ck_image_fail(im, "too much queued socket data", 0, 0);
+    }
     return result;
 }
 

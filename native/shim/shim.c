@@ -340,6 +340,7 @@ static void handle_dump(char *line)
         ck_seal_scrub_stack();  /* what the cipher left below this frame */
     }
     if (rc == CK_DUMP_RESTORED) {
+        ck_flight_forget();  /* the restorer left the copies of descriptors in flight out */
         finish_restore();
         return;
     }
@@ -455,6 +456,7 @@ static void handle_command(char *line)
             ck_shim.lazy_fd = -1;
         }
         int parked = ck_is_parked();
+        ck_flight_close();  /* the agent has compared them with the job's descriptors (dump_sockets.c) */
         if (ck_startswith(line, "ABORT"))
             ck_writeout_discard();
         ck_arena_reset();

@@ -248,6 +248,13 @@ int ck_dump_sockopts(struct ck_image *im, struct ck_fd *f, int fd, unsigned kind
 int ck_sock_diag_open(void) CK_HIDDEN;
 int ck_dump_socket(struct ck_image *im, struct ck_fd *f, int diag_fd, const char *target) CK_HIDDEN;
 int ck_peek_queue(struct ck_image *im, struct ck_fd *f, int fd) CK_HIDDEN;
+/* the copies of descriptors in flight the last dump took (kept until RESUME or ABORT) */
+int ck_flight_has(int fd) CK_HIDDEN;
+uint32_t ck_flight_count(void) CK_HIDDEN;
+int ck_flight_fd(uint32_t i) CK_HIDDEN;
+void ck_flight_describing(int on) CK_HIDDEN;
+void ck_flight_close(void) CK_HIDDEN;
+void ck_flight_forget(void) CK_HIDDEN;
 
 /* ---- dump_tcp.c ---- */
 int ck_dump_tcp(struct ck_image *im, struct ck_fd *f, int family, const char *target) CK_HIDDEN;

@@ -1,6 +1,7 @@
-"""A pipe's write end sits in a Unix socket's queue (SCM_RIGHTS sent, not
-received) until FLAG exists; then the process takes it and writes through
-it.  Usage: fd_in_flight.py STEPS FLAG"""
+"""A pipe's write end and a UDP socket (a kind ckptd cannot save) sit in a
+Unix socket's queue (SCM_RIGHTS sent, not received) until FLAG exists; then
+the process takes them and writes through the pipe.
+Usage: fd_in_flight.py STEPS FLAG"""
 
 import array
 import hashlib
@@ -12,13 +13,16 @@ import time
 steps, flag = int(sys.argv[1]), sys.argv[2]
 r, w = os.pipe()
 a, b = socket.socketpair()
-a.sendmsg([b"F"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [w]))])
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+a.sendmsg([b"F"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [w, u.fileno()]))])
 os.close(w)
+u.close()
 print("sent", flush=True)
 while not os.path.exists(flag):
     time.sleep(0.005)
-_, anc, _, _ = b.recvmsg(1, socket.CMSG_SPACE(4))
-passed = array.array("i", anc[0][2])[0]
+_, anc, _, _ = b.recvmsg(1, socket.CMSG_SPACE(8))
+passed, udp = array.array("i", anc[0][2])
+os.close(udp)
 print("received", flush=True)
 h = hashlib.sha256()
 for i in range(steps):

@@ -191,11 +191,21 @@ class Planner:
         self.slots = Slots()
         self.kinds = [kind(self) for kind in kinds]  # planned in this order
         self.by_type = {constant(t): k for k in self.kinds for t in k.fd_types}
+        self.fds = {(p.pid, int(fd.fd)): fd for p in self.procs for fd in p.core.records["fds"]}
+        # open file descriptions made at a slot for a descriptor in flight, by each [pid, fd] that holds them
+        self.desc_slots: dict[tuple[int, int], int] = {}
 
     def gather(self) -> None:
+        in_flight, fifo = constant("CK_FDF_IN_FLIGHT"), constant("CK_FDF_FIFO")
+        slot_kinds = (constant("CK_FD_PIPE"), constant("CK_FD_UNIX"))
         for p in self.procs:
             for fd in p.core.records["fds"]:
                 kind = self.by_type.get(int(fd.type))
+                # a descriptor in flight (a copy the dump took from a socket's
+                # queue) is no process's: only a pipe or socket it is one end
+                # of must exist; the rest is made when it is sent (flight_slot)
+                if fd.flags & in_flight and not (int(fd.type) in slot_kinds and not fd.flags & fifo):
+                    continue
                 if kind is not None:
                     kind.gather(p, fd)
             for v in p.core.records["vmas"]:
@@ -215,6 +225,39 @@ class Planner:
         yield from st
         yield from processes
 
+    def flight_slot(self, p: ProcessImage, n: int, st: Steps) -> int:
+        """The slot of the object descriptor n of p's image (a copy of a
+        descriptor in flight) is, made before the queues are sent again: a
+        pipe's or socket's end, or its open file description opened again
+        once (every [pid, fd] that shares it takes it from there)."""
+        fd = self.fds[(p.pid, n)]
+        for _ in range(len(self.fds)):
+            if int(fd.type) != constant("CK_FD_DUP"):
+                break
+            n = int(fd.dup_of)
+            fd = self.fds[(p.pid, n)]
+        t, ino = int(fd.type), int(fd.ino)
+        if t == constant("CK_FD_PIPE") and not fd.flags & constant("CK_FDF_FIFO"):
+            return self.slots.of("w" if fd.flags & constant("CK_FDF_PIPE_WRITE_END") else "r", ino)
+        if t == constant("CK_FD_UNIX"):
+            return self.slots.of("unix", ino)
+        kind = self.by_type.get(t)
+        if kind is None or not kind.reopens(fd):
+            raise PlanError(
+                f"{p.label()}: a descriptor in flight in a Unix socket is of a kind ckptd cannot send again"
+            )
+        root = (p.pid, n)
+        if root in self.desc_slots:
+            return self.desc_slots[root]
+        members = next((g for g in self.shared if root in g), [root])
+        slot = self.slots.anon()
+        # before the queues (data): the messages are sent with it
+        st.connect.append(kind.reopen(p, fd, slot))
+        for pid, m in sorted({root, *members}):
+            self.desc_slots[(pid, m)] = slot
+            st.finish.append(f"desc {slot} {pid} {m}")
+        return slot
+
     def _plan_shared(self, st: Steps) -> None:
         """An open file description several processes share (open, then
         fork; kcmp found them at checkpoint time: agent/descriptions.py) is
@@ -228,6 +271,8 @@ class Planner:
             return kind is not None and kind.reopens(fd)
 
         for group in self.shared:
+            if any(tuple(m) in self.desc_slots for m in group):
+                continue  # made already for a descriptor in flight (flight_slot)
             members = [(pid, n) for pid, n in group if (pid, n) in fds and reopened(fds[(pid, n)])]
             if len({pid for pid, _ in members}) < 2:
                 continue

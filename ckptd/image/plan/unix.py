@@ -2,8 +2,10 @@
 two ends are both in the job is one socketpair; a listener binds its old
 address, and the connections in its backlog (made, not yet accepted) are
 made again by connecting their client ends to it, in accept order; the
-bytes and datagrams in flight are sent again; a socket connected to a
-process outside the job is refused."""
+bytes and datagrams in flight are sent again, a message that carried
+descriptors (SCM_RIGHTS) with the objects they were made again as, at the
+same boundaries; a socket connected to a process outside the job is
+refused."""
 
 from __future__ import annotations
 
@@ -33,6 +35,27 @@ class _Socket:
     # a listener's backlog: the inodes of its connections' client ends, in
     # accept order (native/shim/dump_sockets.c save_backlog)
     pending: list[int] = field(default_factory=list)
+    # the messages that carry descriptors (native/shim/dump_sockets.c): (at,
+    # len, descriptor numbers in rights_from's image), at: a stream's offset,
+    # else the record's index
+    rights: list[tuple[int, int, list[int]]] = field(default_factory=list)
+    rights_from: ProcessImage | None = None
+    raw: bytes = b""  # the queue's saved bytes, where rights must split them
+
+
+def _rights_of(p: ProcessImage, fd: Any) -> list[tuple[int, int, list[int]]]:
+    out = []
+    raw = p.core.blob_bytes(int(fd.rights_off), len(p.core.blobs["blob"]) - int(fd.rights_off))
+    pos = 0
+    for _ in range(int(fd.nrights)):
+        if pos + 16 > len(raw):
+            raise PlanError(f"{p.label()} fd {int(fd.fd)}: corrupt image (descriptors in flight outside its data)")
+        at, length, nfds = struct.unpack_from("<QII", raw, pos)
+        pos += 16
+        fds = list(struct.unpack_from(f"<{nfds}i", raw, pos))
+        pos += (nfds * 4 + 7) // 8 * 8
+        out.append((at, length, fds))
+    return out
 
 
 class UnixSockets(Kind):
@@ -66,6 +89,9 @@ class UnixSockets(Kind):
                 s.pending = list(struct.unpack(f"<{len(raw) // 4}I", raw[: len(raw) // 4 * 4]))
         elif s.data is None and data is not None and data.length:
             s.data = data
+            if fd.nrights:
+                s.rights, s.rights_from = _rights_of(p, fd), p
+                s.raw = p.core.blob_bytes(int(fd.data_off), int(fd.data_len))
         s.holders.append((p, int(fd.fd)))
 
     def plan(self, st: Steps) -> None:
@@ -88,11 +114,38 @@ class UnixSockets(Kind):
         p, fd = next((h for h in s.holders if h[1] > 2), s.holders[0])
         raise PlanError(f"{p.label()} fd {fd}: Unix socket {why}")
 
-    def _send_queue(self, s: _Socket, via: int, data: list[str]) -> None:
+    def _send_queue(self, s: _Socket, via: int, st: Steps) -> None:
         if not s.data:
             return
         op = "write" if s.type == SOCK_STREAM else "messages"
-        data.append(f"{op} {via} {s.data.args()}")
+        if not s.rights or s.rights_from is None:
+            st.data.append(f"{op} {via} {s.data.args()}")
+            return
+        # split where the messages that carry descriptors are: the rest as before
+        file, base = hex_arg(str(s.data.file)), s.data.offset
+        if s.type == SOCK_STREAM:
+            spans = [(at, length, fds) for at, length, fds in s.rights]
+        else:
+            starts, pos = [], 0  # each record: (offset of its length word, its length)
+            while pos + 4 <= len(s.raw):
+                (n,) = struct.unpack_from("<I", s.raw, pos)
+                starts.append((pos, n))
+                pos += 4 + n
+            spans = []
+            for at, length, fds in s.rights:
+                if at >= len(starts) or starts[at][1] != length:
+                    raise PlanError(f"{s.rights_from.label()}: corrupt image (a message with descriptors in flight)")
+                spans.append((starts[at][0], 4 + length, fds))
+        done = 0
+        for at, length, fds in spans:
+            if at > done:
+                st.data.append(f"{op} {via} {file} {base + done} {at - done}")
+            slots = [self.planner.flight_slot(s.rights_from, n, st) for n in fds]
+            skip = 0 if s.type == SOCK_STREAM else 4
+            st.data.append(f"rights {via} {file} {base + at + skip} {length - skip} {','.join(map(str, slots))}")
+            done = at + length
+        if done < s.data.length:
+            st.data.append(f"{op} {via} {file} {base + done} {s.data.length - done}")
 
     def _plan_pending(self, listener: _Socket, ino: int, done: set[int], st: Steps) -> None:
         """A connection in listener's backlog: its client end connects to the
@@ -136,8 +189,8 @@ class UnixSockets(Kind):
             done.add(peer.ino)
             a, b = slots.of("unix", s.ino), slots.of("unix", peer.ino)
             st.create.append(f"socketpair {a} {s.ino} {b} {peer.ino} {s.type}")
-            self._send_queue(s, b, st.data)
-            self._send_queue(peer, a, st.data)
+            self._send_queue(s, b, st)
+            self._send_queue(peer, a, st)
             for sock, slot in ((s, a), (peer, b)):
                 how = {1: SHUT_RD, 2: SHUT_WR, 3: SHUT_RDWR}.get(sock.shutdown & 3)
                 if how is not None:
@@ -150,7 +203,7 @@ class UnixSockets(Kind):
             # the peer closed: a pair whose other end is closed once the data is back
             other = slots.anon()
             st.create.append(f"socketpair {slot} {s.ino} {other} 0 {s.type}")
-            self._send_queue(s, other, st.data)
+            self._send_queue(s, other, st)
             st.finish.append(f"close {other}")
             return None
         st.create.append(f"socket {slot} {s.ino} {s.type}")
@@ -167,5 +220,11 @@ class UnixSockets(Kind):
         if s.data:
             if s.type != SOCK_DGRAM or not s.name:
                 return self._refuse_socket(s, "has queued data but neither a peer nor an address")
+            if s.rights:
+                return self._refuse_socket(
+                    s,
+                    "has datagrams from unconnected senders that carry descriptors in flight; "
+                    "ckptd cannot send them again",
+                )
             st.data.append(f"sendto {s.type} {hex_arg(s.name)} {s.data.args()}")
         return None

@@ -220,6 +220,8 @@ struct ck_page_source {
 #define CK_FDF_FIFO 0x8          /* CK_FD_PIPE that is a named FIFO (path) */
 #define CK_FDF_DATA_SAVED 0x10   /* data_off/data_len hold the queued bytes */
 #define CK_FDF_MEMFD 0x20        /* CK_FD_SHMEM made by memfd_create: seals is valid */
+#define CK_FDF_IN_FLIGHT 0x40    /* not the process's: a copy of a descriptor in flight in one of its
+                                    Unix sockets (SCM_RIGHTS), named by that socket's ck_rights */
 
 struct ck_fd {
     int32_t fd;
@@ -334,6 +336,13 @@ struct ck_fd {
        ck_mcast_group records in BLOB, joined again at restore */
     uint32_t nmcast;
     uint64_t mcast_off;
+    /* CK_FD_UNIX with queued messages that carry descriptors (SCM_RIGHTS):
+       nrights ck_rights records in BLOB, in queue order, each followed by
+       its nfds int32 descriptor numbers (CK_FDF_IN_FLIGHT records of this
+       image), padded to 8 bytes; the restore sends them again with them */
+    uint64_t rights_off;
+    uint32_t nrights;
+    uint32_t pad5;
 };
 
 /* one multicast group a datagram socket joined (any source: one with a
@@ -343,6 +352,13 @@ struct ck_mcast_group {
     uint32_t ifindex;           /* informational: the index at checkpoint */
     uint8_t group[16];          /* the address (4 bytes for AF_INET) */
     char ifname[16];            /* the interface (IFNAMSIZ) */
+};
+
+/* one queued message of a Unix socket that carries descriptors */
+struct ck_rights {
+    uint64_t at;    /* a stream: the offset of its first byte in the saved bytes; else its record's index */
+    uint32_t len;   /* its bytes (a stream: from `at` to the end of the kernel's buffer the descriptors ride on) */
+    uint32_t nfds;  /* descriptor numbers that follow */
 };
 
 /* one inotify watch (CK_FD_INOTIFY), added again by path at restore */
