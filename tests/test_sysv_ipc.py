@@ -7,11 +7,15 @@ inside at every step, through a checkpoint, kill -9 and restart."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
+import test_nonroot
 from conftest import Ckptd, compile_workload, exact_round_trip
 from test_bad_input import assert_refused
 
 STEPS = "30"
+unprivileged = test_nonroot.unprivileged  # the fixture: a ckptd run as nobody
 
 
 @pytest.fixture(scope="module")
@@ -35,3 +39,18 @@ def test_removed_segment_still_attached_refused(ckptd: Ckptd, sysv_ipc: str) -> 
     ckptd.launch("sysv-rmid", [sysv_ipc, "300", "rmid"])
     ckptd.wait_log("sysv-rmid", r"^step 2 ok")
     assert_refused(ckptd, "sysv-rmid", "System V shared memory", "IPC_RMID")
+
+
+def test_sem_undo_refused(ckptd: Ckptd, sysv_ipc: str) -> None:
+    ckptd.launch("sysv-undo", [sysv_ipc, "300", "undo"])
+    ckptd.wait_log("sysv-undo", r"^step 2 ok")
+    assert_refused(ckptd, "sysv-undo", "SEM_UNDO", "undo adjustments")
+
+
+@pytest.mark.serial  # the unprivileged fixture opens directories to another user
+def test_shared_memory_without_root_refused(unprivileged: Ckptd, sysv_ipc: str) -> None:
+    """A job in a user namespace shares the host's IPC namespace: its segments are not its own to save."""
+    os.chmod(sysv_ipc, 0o755)
+    unprivileged.launch("sysv-nr", [sysv_ipc, "300", "rmid"], cwd="/")  # removed at exit: nothing left behind
+    unprivileged.wait_log("sysv-nr", r"^step 2 ok")
+    assert_refused(unprivileged, "sysv-nr", "System V shared memory", "own IPC namespace")
