@@ -33,6 +33,7 @@ DIR = "sysv-ipc"
 CLONE_NEWIPC = 0x08000000
 IPC_NOWAIT = 0o4000
 MSG_COPY = 0o40000
+IPC_RMID = 0
 IPC_STAT = 2
 GETALL = 13
 SHM_RDONLY = 0o10000
@@ -69,6 +70,27 @@ def save(host_pid: int, directory: Path, encrypted: bool = False) -> None:
             Code.FAILED_PRECONDITION,
             "the job holds System V IPC objects, which ckptd does not encrypt yet: checkpoint it without --encrypt",
         )
+
+
+def remove_destroyed(host_pid: int, directory: Path) -> None:
+    """After a restore, once every process has attached its segments again:
+    remove (IPC_RMID) those that had been removed while still attached, so
+    that they go with their last detach, as they would have."""
+    path = directory / DIR / "objects.json"
+    if not path.exists():
+        return
+    ids = [str(o["id"]) for o in json.loads(path.read_text()).get("shm", []) if o.get("removed")]
+    if not ids:
+        return
+    r = subprocess.run(
+        [sys.executable, "-m", "ckptd.agent.sysv_ipc", "--remove", str(host_pid), *ids],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if r.returncode != 0:
+        why = (r.stderr.strip().splitlines() or ["no message"])[-1]
+        raise CkptdError(Code.FAILED_PRECONDITION, f"cannot remove the job's removed System V segments again: {why}")
 
 
 def _table(name: str) -> list[dict[str, int]]:
@@ -111,12 +133,9 @@ def _dump(out: Path) -> dict[str, list[dict[str, Any]]]:
     libc = _libc()
     objects: dict[str, list[dict[str, Any]]] = {"shm": [], "sem": [], "msg": []}
     for row in _table("shm"):
-        if row["perms"] & SHM_DEST:
-            sys.exit(
-                f"System V shared memory segment {row['shmid']} was removed (IPC_RMID) while still attached: "
-                "ckptd cannot make a removed segment again"
-            )
         obj = dict(_common(row, "shmid"), size=row["size"], file=f"shm-{row['shmid']}.data")
+        if row["perms"] & SHM_DEST:  # removed while attached: removed again once attached (remove_destroyed)
+            obj["removed"] = True
         addr = libc.shmat(row["shmid"], None, SHM_RDONLY)
         if addr in (None, ctypes.c_void_p(-1).value):
             _fail("cannot attach System V shared memory segment", row["shmid"])
@@ -150,13 +169,24 @@ def _dump(out: Path) -> dict[str, list[dict[str, Any]]]:
     return objects
 
 
-def main(argv: list[str]) -> None:
-    host_pid, directory = int(argv[0]), Path(argv[1])
-    libc = ctypes.CDLL(None, use_errno=True)
+def _join(host_pid: int) -> Any:
+    libc = _libc()
     fd = os.open(f"/proc/{host_pid}/ns/ipc", os.O_RDONLY)
     if libc.setns(fd, CLONE_NEWIPC) < 0:
         _fail("cannot join the IPC namespace of process", host_pid)
     os.close(fd)
+    return libc
+
+
+def main(argv: list[str]) -> None:
+    if argv[0] == "--remove":
+        libc = _join(int(argv[1]))
+        for shmid in argv[2:]:
+            if libc.shmctl(int(shmid), IPC_RMID, None) < 0:
+                _fail("cannot remove System V shared memory segment", int(shmid))
+        return
+    host_pid, directory = int(argv[0]), Path(argv[1])
+    _join(host_pid)
     out = directory / DIR
     out.mkdir(exist_ok=True)
     objects = _dump(out)

@@ -12,7 +12,8 @@
  *   sysv_ipc STEPS msg    a queue with messages of several types, a smaller
  *                         qbytes, one sent and one received at every step (by
  *                         type too), and a child blocked in msgrcv until the end
- *   sysv_ipc STEPS rmid   a segment removed (IPC_RMID) while attached: refused
+ *   sysv_ipc STEPS rmid   a segment removed (IPC_RMID) while attached: it stays,
+ *                         marked, and goes at its last detach
  *   sysv_ipc STEPS undo   a semaphore changed with SEM_UNDO: refused
  * Every object is IPC_PRIVATE and removed at the end, so the uninterrupted
  * run (in the host's IPC namespace) leaves nothing behind.
@@ -262,14 +263,31 @@ static void msg_check(int step)
     }
 }
 
-/* ---- refused ---- */
+/* ---- removed while attached ---- */
+
+static int removed;
 
 static void rmid_setup(void)
 {
-    int id = shmget(IPC_PRIVATE, PAGE, 0600);
-    CHECK(id >= 0, "shmget");
-    rw = shmat(id, 0, 0);
-    CHECK(rw != (void *)-1 && shmctl(id, IPC_RMID, 0) == 0, "shmat, IPC_RMID");
+    removed = shmget(IPC_PRIVATE, PAGE, 0600);
+    CHECK(removed >= 0, "shmget");
+    rw = shmat(removed, 0, 0);
+    CHECK(rw != (void *)-1 && shmctl(removed, IPC_RMID, 0) == 0, "shmat, IPC_RMID");
+    rw[5] = 1234;
+}
+
+static void rmid_check(int step)
+{
+    struct shmid_ds ds;
+    CHECK(shmctl(removed, IPC_STAT, &ds) == 0, "removed segment %d is gone", removed);
+    CHECK((ds.shm_perm.mode & SHM_DEST) && ds.shm_nattch == 1, "segment mode %o, attached %lu times",
+          ds.shm_perm.mode, (unsigned long)ds.shm_nattch);
+    CHECK(rw[5] == 1234 + step - 1, "segment holds %d", rw[5]);
+    rw[5]++;
+    if (step == nsteps) {
+        CHECK(shmdt((void *)rw) == 0, "shmdt");
+        CHECK(shmctl(removed, IPC_STAT, &ds) < 0 && errno == EINVAL, "the removed segment outlived its last detach");
+    }
 }
 
 static void nothing(int step) { (void)step; }
@@ -290,6 +308,7 @@ int main(int argc, char **argv)
         check = msg_check;
     } else if (!strcmp(what, "rmid")) {
         rmid_setup();
+        check = rmid_check;
     } else {
         CHECK(0, "unknown case %s", what);
     }
