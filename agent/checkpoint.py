@@ -46,7 +46,7 @@ from ckptd.image.plan import PlanError, plan_for_checkpoint
 from ckptd.jobstate import JobState
 from ckptd.v1 import ckptd_pb2 as pb
 
-from . import capture_budget
+from . import capture_budget, sysv_ipc
 from .descriptions import shared_descriptions
 from .gpu import DeviceMemory, cuda_pids
 from .owner import Owner, check_owned_tree, fs_ids, give_dir, open_to_owner
@@ -491,6 +491,8 @@ class Checkpointer:
             if errors:
                 raise errors[0]
             resp = pb.DumpResponse(processes=[f.result() for f in futures])
+            # the objects of the job's own IPC namespace, once for the job, still parked
+            sysv_ipc.save(conns[0].host_pid, Path(request.dir), encrypted=key is not None)
         self._writing[job.name] = list(conns)
         relay = job.drain_output()
         resp.log_bytes, resp.index_bytes = relay["log"], relay["index"]

@@ -61,7 +61,7 @@ from ckptd.nofollow import UnsafePath, open_dir
 from ckptd.paths import Home, JobDir, checkpoint_name, parse_checkpoint_name
 from ckptd.v1 import ckptd_pb2 as pb
 
-from . import gpu
+from . import gpu, sysv_ipc
 from .lazy import LazyFill
 from .progress import Transfer, Transfers, resident_anon
 from .rollback import WorldRollback, check_recorded, check_written_files
@@ -345,6 +345,8 @@ def restore_job(
                 failure = _restore_failure(status_dir)
             reason = failure or job.message or "the restorer did not report back in time"
             raise CkptdError(Code.FAILED_PRECONDITION, f"restart of job {job.name} from {name} failed: {reason}")
+        # every segment is attached again: those removed while attached are removed again
+        sysv_ipc.remove_destroyed(conns[0].host_pid, checkpoint)
         if lazy:
             fill = LazyFill(job.name, key=key)
             job.lazy = fill

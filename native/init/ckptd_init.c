@@ -247,11 +247,18 @@ static void enter_namespaces(const struct options *o)
     uid_t uid = getuid();
     gid_t gid = getgid();
     int flags = CLONE_NEWPID | CLONE_NEWNS;
+    /* as root, an IPC namespace too: its System V objects are the job's
+     * alone, saved whole at a checkpoint and made again under their ids
+     * (agent/sysv_ipc.py, restorer/plan_sysv.c), which needs root's right
+     * to choose the next id; a job in a user namespace shares the host's
+     * and ckptd refuses its System V shared memory (plan/sysv.py) */
     if (o->userns)
         flags |= CLONE_NEWUSER;
+    else
+        flags |= CLONE_NEWIPC;
     if (unshare(flags) < 0)
         die(o->userns ? "cannot create user/pid/mount namespaces (unprivileged user namespaces disabled?)"
-                      : "cannot create pid/mount namespaces");
+                      : "cannot create pid/mount/IPC namespaces");
     if (o->userns) {
         char map[64];
         write_proc_file("/proc/self/setgroups", "deny");

@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <sys/prctl.h>
+#include <sys/shm.h>
 
 #define TASK_TOP 0x7ffffffff000ull
 #define HOLE_FIRST 0x200000000ull   /* 8 GiB */
@@ -181,8 +182,67 @@ static long read_only_twin(long fd, const char *path)
     return ro;
 }
 
+static void lock_again(const struct ck_vma *v)
+{
+    uint64_t len = v->end - v->start;
+    if ((v->flags & CK_VMA_LOCKED) && (v->madv & CK_MADV_LOCKONFAULT))
+        ck_sc3(SYS_mlock2, v->start, len, MLOCK_ONFAULT);  /* best effort: RLIMIT_MEMLOCK may refuse */
+    else if (v->flags & CK_VMA_LOCKED)
+        ck_sc2(SYS_mlock, v->start, len);
+}
+
+/* A System V shared memory attachment: the plan made the segment again
+ * under its old id (plan_sysv.c), filled; shmat puts it back at its
+ * address, read-only if it was attached so (no VM_MAYWRITE).  A mapping
+ * that is only part of its attachment (the rest unmapped, or split by
+ * mprotect) is attached anywhere and that part moved into place, keeping
+ * its offset, so that shmdt() of the attach address finds it as before. */
+static void attach_sysv(const struct rst_image *im, const struct ck_vma *v)
+{
+    uint64_t len = v->end - v->start;
+    long id = (long)v->ino;
+    int flags = (v->flags & CK_VMA_MAYWRITE) ? 0 : SHM_RDONLY;
+    if (v->prot & PROT_EXEC)
+        flags |= SHM_EXEC;
+    struct shmid_ds ds;
+    long rc = ck_sc3(SYS_shmctl, id, IPC_STAT, &ds);
+    if (rc < 0)
+        rst_fail("the restore made no System V shared memory segment for an attachment", rst_str(im, v->path), rc);
+    uint64_t whole = (ds.shm_segsz + CK_PAGE_SIZE - 1) & ~(uint64_t)(CK_PAGE_SIZE - 1);
+    if (v->pgoff + len > whole)
+        fail_at("corrupt image: a System V attachment larger than its segment", v, 0);
+    if (v->pgoff == 0 && len == whole) {
+        rc = ck_sc3(SYS_shmat, id, v->start, flags);
+        if (rc < 0 && rc > -4096)
+            fail_at("cannot attach System V shared memory back at its address", v, rc);
+    } else {
+        long base = ck_sc3(SYS_shmat, id, 0, flags);
+        if (base < 0 && base > -4096)
+            fail_at("cannot attach System V shared memory", v, base);
+        rc = ck_sc5(SYS_mremap, base + (long)v->pgoff, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, v->start);
+        if (rc < 0 && rc > -4096)
+            fail_at("cannot move System V shared memory back to its address", v, rc);
+        if (v->pgoff)
+            ck_munmap((void *)base, v->pgoff);
+        if (v->pgoff + len < whole)
+            ck_munmap((void *)(base + (long)(v->pgoff + len)), whole - v->pgoff - len);
+    }
+    int now = PROT_READ | ((flags & SHM_RDONLY) ? 0 : PROT_WRITE) | ((flags & SHM_EXEC) ? PROT_EXEC : 0);
+    if (now != (int)v->prot) {
+        rc = ck_mprotect((void *)v->start, len, (int)v->prot);
+        if (rc < 0)
+            rst_fail("cannot restore memory protection", 0, rc);
+    }
+    replay_advice(v);
+    lock_again(v);
+}
+
 static void map_one(const struct rst_image *im, const struct ck_vma *v)
 {
+    if (v->flags & CK_VMA_SYSV) {
+        attach_sysv(im, v);
+        return;
+    }
     uint64_t len = v->end - v->start;
     int prot = (int)v->prot;
     int shared = (v->flags & CK_VMA_SHARED) != 0;
@@ -248,10 +308,7 @@ static void map_one(const struct rst_image *im, const struct ck_vma *v)
         if (rc < 0)
             rst_fail("cannot restore memory protection", 0, rc);
     }
-    if ((v->flags & CK_VMA_LOCKED) && (v->madv & CK_MADV_LOCKONFAULT))
-        ck_sc3(SYS_mlock2, v->start, len, MLOCK_ONFAULT);  /* best effort: RLIMIT_MEMLOCK may refuse */
-    else if (v->flags & CK_VMA_LOCKED)
-        ck_sc2(SYS_mlock, v->start, len);
+    lock_again(v);
 }
 
 void rst_map_image(const struct rst_image *im)

@@ -63,6 +63,9 @@
  *   plan_eventfd.c  eventfd SLOT COUNT SEMAPHORE   an eventfd several processes share
  *   plan_timerfd.c  timerfd SLOT CLOCK INTERVAL_NS VALUE_NS TICKS FLAGS   a timerfd several processes share
  *   plan_signalfd.c signalfd SLOT MASK           a signalfd several processes share
+ *   plan_sysv.c  sysvshm ID KEY MODE UID GID SIZE FILE   System V IPC objects, made again
+ *                sysvsem ID KEY MODE UID GID NSEMS FILE    under their ids in the job's
+ *                sysvmsg ID KEY MODE UID GID QBYTES COUNT FILE   fresh IPC namespace
  *   plan_tree.c  proc PID PPID PGID SID DIR     zombie PID PPID PGID SID WSTATUS
  *                helper PID SID                 a session or group whose leader had exited:
  *                                               made again by a temporary child of init
@@ -324,6 +327,10 @@ static void fill_ops(void)
     OP("eventfd", op_eventfd);
     OP("timerfd", op_timerfd);
     OP("signalfd", op_signalfd);
+    /* plan_sysv.c */
+    OP("sysvshm", op_sysvshm);
+    OP("sysvsem", op_sysvsem);
+    OP("sysvmsg", op_sysvmsg);
     /* plan_tree.c, once every object exists */
     OP("proc", 0);
     OP("zombie", 0);

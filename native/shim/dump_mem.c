@@ -441,8 +441,15 @@ static int on_mapping(const struct ck_map_entry *e, void *vctx)
     if (!ck_strcmp(path, "[stack]"))
         v->flags |= CK_VMA_STACK;
 
-    if (ck_startswith(path, "/SYSV"))
-        return ck_image_fail(im, "System V shared memory is not supported yet", path, 0);
+    /* shmat: the segment (the inode is its shmid) is saved once for the
+     * job by the agent, from the job's IPC namespace, and kept under its id;
+     * this process only says where it is attached */
+    if (ck_startswith(path, "/SYSV") && e->shared && e->dev_major == 0) {
+        v->flags |= CK_VMA_SYSV;
+        v->ino = e->ino;
+        v->path = ck_image_string(im, path);
+        return 0;
+    }
     /* MAP_SHARED | MAP_ANONYMOUS, memfd, a deleted tmpfs file: no path to map
      * again; other processes of the job may share it (the plan matches them) */
     if (e->shared && e->dev_major == 0 && (ck_endswith(path, " (deleted)") || ck_startswith(path, "/memfd:"))) {

@@ -62,6 +62,8 @@
 #include <poll.h>
 #include <sys/epoll.h>
 #include <sys/select.h>
+#include <sys/msg.h>
+#include <sys/sem.h>
 #include <sys/socket.h>
 #include <threads.h>
 #include <unistd.h>
@@ -182,6 +184,10 @@ REAL_DECL(accept);
 REAL_DECL(accept4);
 REAL_DECL(read);
 REAL_DECL(write);
+REAL_DECL(semop);
+REAL_DECL(semtimedop);
+REAL_DECL(msgrcv);
+REAL_DECL(msgsnd);
 
 void ck_eintr_init(void)
 {
@@ -208,6 +214,10 @@ void ck_eintr_init(void)
     REAL_INIT(accept4);
     REAL_INIT(read);
     REAL_INIT(write);
+    REAL_INIT(semop);
+    REAL_INIT(semtimedop);
+    REAL_INIT(msgrcv);
+    REAL_INIT(msgsnd);
 }
 
 /* ---- one call, maybe interrupted by checkpoints ---- */
@@ -586,6 +596,51 @@ long ck_eintr_futex(long uaddr, long op, long val, long timeout, long a4, long a
             ;                                  \
         return rc;                             \
     } while (0)
+
+/* ---- System V IPC: semop, semtimedop, msgrcv, msgsnd are never restarted ---- */
+
+/* SEM_UNDO: the kernel keeps an adjustment per process that no interface
+ * reads, so a process that used it is refused at checkpoint (dump.c); a
+ * forked child starts without adjustments (shim.c clears the mark) */
+volatile int ck_sem_undo_used;
+
+static void note_undo(const struct sembuf *ops, size_t n, int rc)
+{
+    for (size_t i = 0; rc == 0 && i < n; i++)
+        if (ops[i].sem_flg & SEM_UNDO)
+            ck_sem_undo_used = 1;
+}
+
+CK_EXPORT int semop(int id, struct sembuf *ops, size_t n)
+{
+    struct span s;
+    span_start(&s);
+    int rc;
+    while (span_again(&s, eintr(rc = REAL(semop)(id, ops, n))))
+        ;
+    note_undo(ops, n, rc);
+    return rc;
+}
+
+CK_EXPORT int semtimedop(int id, struct sembuf *ops, size_t n, const struct timespec *timeout)
+{
+    struct span s;
+    span_begin(&s, timeout != NULL);
+    struct timespec left, *t = timeout ? (left = *timeout, &left) : 0;
+    int rc;
+    while (span_again(&s, eintr(rc = REAL(semtimedop)(id, ops, n, t))))
+        if (timeout)
+            left = ns_ts(span_left(&s, ts_ns(timeout)));
+    note_undo(ops, n, rc);
+    return rc;
+}
+
+CK_EXPORT ssize_t msgrcv(int id, void *msg, size_t n, long type, int flags)
+{
+    RETRY(ssize_t, REAL(msgrcv)(id, msg, n, type, flags));
+}
+
+CK_EXPORT int msgsnd(int id, const void *msg, size_t n, int flags) { RETRY(int, REAL(msgsnd)(id, msg, n, flags)); }
 
 CK_EXPORT ssize_t recv(int fd, void *buf, size_t n, int flags) { RETRY(ssize_t, REAL(recv)(fd, buf, n, flags)); }
 CK_EXPORT ssize_t recvfrom(int fd, void *restrict buf, size_t n, int flags, __SOCKADDR_ARG addr,

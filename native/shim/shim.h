@@ -295,6 +295,7 @@ int ck_term_hidden(void) CK_HIDDEN;      /* 1: a pending SIGTERM is never saved 
 void ck_term_image_action(struct ck_kernel_sigaction *k) CK_HIDDEN;
 int ck_term_sigaction(const struct sigaction *act, struct sigaction *old, ck_sigaction_fn real) CK_HIDDEN;
 void ck_eintr_init(void) CK_HIDDEN;  /* the real functions, from the constructor */
+extern volatile int ck_sem_undo_used CK_HIDDEN;  /* semop with SEM_UNDO succeeded in this process */
 /* the quiesce handler, as it returns; parked_at: CLOCK_MONOTONIC when it parked, or 0 */
 void ck_eintr_quiesced(int64_t parked_at) CK_HIDDEN;
 /* the interposed sigaction: the program's handlers are counted per thread */

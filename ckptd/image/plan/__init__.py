@@ -13,7 +13,8 @@ is: pipe.py (pipes, FIFOs), unix.py (Unix sockets), tcp.py, dgram.py (UDP,
 ping and raw sockets), shm.py (shared
 memory objects), deleted.py (deleted files and directories), file.py (files
 opened by path), eventfd.py, timerfd.py, signalfd.py, pidfd.py and
-inotify.py (which refuse one several processes share); tree.py (the process
+inotify.py (which refuse one several processes share), sysv.py (System V
+IPC objects, kept under their ids); tree.py (the process
 tree); planner.py (the planner, and what the kinds share).
 
 The same planning runs while a checkpoint is taken (before it is
@@ -39,6 +40,7 @@ from .pipe import Pipes
 from .planner import Kind, PlanError, Planner, ProcessImage
 from .shm import SharedMemory
 from .signalfd import Signalfds
+from .sysv import SysvIpc
 from .tcp import TcpSockets
 from .timerfd import Timerfds
 from .tree import Tree, Zombie
@@ -60,6 +62,7 @@ KINDS: tuple[type[Kind], ...] = (
     Signalfds,
     Pidfds,
     Inotifies,
+    SysvIpc,
 )
 
 

@@ -128,6 +128,11 @@ struct ck_thread {
 #define CK_VMA_MAYWRITE 0x4000   /* VM_MAYWRITE ("mw"): a shared mapping may be made
                                     writable with mprotect; mapped again from a
                                     descriptor open for writing only then */
+#define CK_VMA_SYSV 0x8000       /* a System V shared memory attachment (shmat): ino is
+                                    its shmid, pgoff its offset in the segment; the
+                                    segment itself (kept under its id in the job's IPC
+                                    namespace) is saved once for the job by the agent
+                                    (agent/sysv_ipc.py), so no pages are saved here */
 
 /* ck_vma.madv: advice replayed with madvise() */
 #define CK_MADV_HUGEPAGE 0x1

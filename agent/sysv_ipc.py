@@ -1,0 +1,200 @@
+"""System V IPC: every object of a job's IPC namespace, saved once for the job.
+
+A root job runs in its own IPC namespace (ckptd-init makes it), so every
+shared memory segment, semaphore set and message queue in it is the job's.
+At the dump step, while every process is parked, the agent saves them all
+into the checkpoint's (rank's) directory, under sysv-ipc/: objects.json
+(each object's key, id, mode, owner and size) and one data file each (a
+segment's bytes, a set's values, a queue's messages in order with their
+types, read with msgrcv(MSG_COPY), which leaves them queued).  The restore
+plan (ckptd/image/plan/sysv.py) makes them again under the same ids in the
+restore's fresh IPC namespace (native/restorer/plan_sysv.c); each process
+attaches its segments at their old addresses itself (restorer/mem.c).
+
+Reading them needs the job's namespace: a short child process (this module
+run as a program) joins it with setns(), so the agent's own threads never
+change namespace.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from ckptd.errors import CkptdError, Code
+
+DIR = "sysv-ipc"
+CLONE_NEWIPC = 0x08000000
+IPC_NOWAIT = 0o4000
+MSG_COPY = 0o40000
+IPC_RMID = 0
+IPC_STAT = 2
+GETALL = 13
+SHM_RDONLY = 0o10000
+SHM_DEST = 0o1000
+_MSQID_DS_SIZE, _MSG_QBYTES_OFF = 120, 88  # struct msqid_ds on x86_64
+
+
+def own_namespace(host_pid: int) -> bool:
+    """Whether the process is in an IPC namespace of its own (not the agent's)."""
+    try:
+        return os.stat(f"/proc/{host_pid}/ns/ipc").st_ino != os.stat("/proc/self/ns/ipc").st_ino
+    except OSError:
+        return False
+
+
+def save(host_pid: int, directory: Path, encrypted: bool = False) -> None:
+    """Save the objects of host_pid's IPC namespace into directory/sysv-ipc
+    (nothing when it holds none, or is not the job's own)."""
+    if not own_namespace(host_pid):
+        return
+    r = subprocess.run(
+        [sys.executable, "-m", "ckptd.agent.sysv_ipc", str(host_pid), str(directory)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if r.returncode != 0:
+        why = (r.stderr.strip().splitlines() or ["no message"])[-1]
+        raise CkptdError(Code.FAILED_PRECONDITION, f"cannot save the job's System V IPC objects: {why}")
+    saved = directory / DIR
+    if encrypted and saved.exists():
+        shutil.rmtree(saved)
+        raise CkptdError(
+            Code.FAILED_PRECONDITION,
+            "the job holds System V IPC objects, which ckptd does not encrypt yet: checkpoint it without --encrypt",
+        )
+
+
+def remove_destroyed(host_pid: int, directory: Path) -> None:
+    """After a restore, once every process has attached its segments again:
+    remove (IPC_RMID) those that had been removed while still attached, so
+    that they go with their last detach, as they would have."""
+    path = directory / DIR / "objects.json"
+    if not path.exists():
+        return
+    ids = [str(o["id"]) for o in json.loads(path.read_text()).get("shm", []) if o.get("removed")]
+    if not ids:
+        return
+    r = subprocess.run(
+        [sys.executable, "-m", "ckptd.agent.sysv_ipc", "--remove", str(host_pid), *ids],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if r.returncode != 0:
+        why = (r.stderr.strip().splitlines() or ["no message"])[-1]
+        raise CkptdError(Code.FAILED_PRECONDITION, f"cannot remove the job's removed System V segments again: {why}")
+
+
+def _table(name: str) -> list[dict[str, int]]:
+    """/proc/sysvipc/NAME, as the reader's IPC namespace has it: one dict per object."""
+    lines = Path(f"/proc/sysvipc/{name}").read_text().splitlines()
+    head = lines[0].split()
+    rows = []
+    for line in lines[1:]:
+        row = dict(zip(head, line.split(), strict=False))
+        rows.append({k: int(v, 8) if k == "perms" else int(v) for k, v in row.items()})
+    return rows
+
+
+def _libc() -> Any:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.shmat.restype = ctypes.c_void_p
+    libc.shmat.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+    libc.shmdt.argtypes = [ctypes.c_void_p]
+    libc.msgrcv.restype = ctypes.c_ssize_t
+    libc.msgrcv.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_long, ctypes.c_int]
+    return libc
+
+
+def _fail(what: str, ident: int) -> None:
+    err = ctypes.get_errno()
+    sys.exit(f"{what} {ident}: {os.strerror(err)}")
+
+
+def _common(row: dict[str, int], ident: str) -> dict[str, Any]:
+    return {
+        "id": row[ident],
+        "key": row["key"] & 0xFFFFFFFF,
+        "mode": row["perms"],
+        "uid": row["uid"],
+        "gid": row["gid"],
+    }
+
+
+def _dump(out: Path) -> dict[str, list[dict[str, Any]]]:
+    libc = _libc()
+    objects: dict[str, list[dict[str, Any]]] = {"shm": [], "sem": [], "msg": []}
+    for row in _table("shm"):
+        obj = dict(_common(row, "shmid"), size=row["size"], file=f"shm-{row['shmid']}.data")
+        if row["perms"] & SHM_DEST:  # removed while attached: removed again once attached (remove_destroyed)
+            obj["removed"] = True
+        addr = libc.shmat(row["shmid"], None, SHM_RDONLY)
+        if addr in (None, ctypes.c_void_p(-1).value):
+            _fail("cannot attach System V shared memory segment", row["shmid"])
+        try:
+            (out / obj["file"]).write_bytes(ctypes.string_at(addr, row["size"]))
+        finally:
+            libc.shmdt(ctypes.c_void_p(addr))
+        objects["shm"].append(obj)
+    for row in _table("sem"):
+        values = (ctypes.c_ushort * row["nsems"])()
+        if libc.semctl(row["semid"], 0, GETALL, values) < 0:
+            _fail("cannot read System V semaphore set", row["semid"])
+        obj = dict(_common(row, "semid"), nsems=row["nsems"], file=f"sem-{row['semid']}.data")
+        (out / obj["file"]).write_bytes(bytes(values))
+        objects["sem"].append(obj)
+    for row in _table("msg"):
+        ds = ctypes.create_string_buffer(_MSQID_DS_SIZE)
+        if libc.msgctl(row["msqid"], IPC_STAT, ds) < 0:
+            _fail("cannot read System V message queue", row["msqid"])
+        qbytes = int.from_bytes(ds.raw[_MSG_QBYTES_OFF : _MSG_QBYTES_OFF + 8], "little")
+        buf = ctypes.create_string_buffer(8 + max(row["cbytes"], 1))
+        records = bytearray()
+        for i in range(row["qnum"]):  # the i-th message, left in the queue
+            n = libc.msgrcv(row["msqid"], buf, row["cbytes"], i, IPC_NOWAIT | MSG_COPY)
+            if n < 0:
+                _fail("cannot read the messages of System V message queue", row["msqid"])
+            records += buf.raw[:8] + n.to_bytes(8, "little") + buf.raw[8 : 8 + n] + bytes(-n % 8)
+        obj = dict(_common(row, "msqid"), qbytes=qbytes, count=row["qnum"], file=f"msg-{row['msqid']}.data")
+        (out / obj["file"]).write_bytes(bytes(records))
+        objects["msg"].append(obj)
+    return objects
+
+
+def _join(host_pid: int) -> Any:
+    libc = _libc()
+    fd = os.open(f"/proc/{host_pid}/ns/ipc", os.O_RDONLY)
+    if libc.setns(fd, CLONE_NEWIPC) < 0:
+        _fail("cannot join the IPC namespace of process", host_pid)
+    os.close(fd)
+    return libc
+
+
+def main(argv: list[str]) -> None:
+    if argv[0] == "--remove":
+        libc = _join(int(argv[1]))
+        for shmid in argv[2:]:
+            if libc.shmctl(int(shmid), IPC_RMID, None) < 0:
+                _fail("cannot remove System V shared memory segment", int(shmid))
+        return
+    host_pid, directory = int(argv[0]), Path(argv[1])
+    _join(host_pid)
+    out = directory / DIR
+    out.mkdir(exist_ok=True)
+    objects = _dump(out)
+    if not any(objects.values()):
+        out.rmdir()
+        return
+    (out / "objects.json").write_text(json.dumps(objects, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,54 @@
+"""System V IPC comes back exactly (issue 19): shared memory segments with
+their contents, attached by two processes (read-write, read-only, in part),
+semaphore sets with their values and a waiter, message queues with messages
+of several types in order and their size; every object under its old id, in
+the job's own IPC namespace.  tests/workloads/sysv_ipc.c checks each from
+inside at every step, through a checkpoint, kill -9 and restart."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import test_nonroot
+from conftest import Ckptd, compile_workload, exact_round_trip
+from test_bad_input import assert_refused
+
+STEPS = "30"
+unprivileged = test_nonroot.unprivileged  # the fixture: a ckptd run as nobody
+
+
+@pytest.fixture(scope="module")
+def sysv_ipc(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return compile_workload(tmp_path_factory, "sysv_ipc")
+
+
+def test_shared_memory(ckptd: Ckptd, sysv_ipc: str) -> None:
+    exact_round_trip(ckptd, "sysv-shm", [sysv_ipc, STEPS, "shm"])
+
+
+def test_semaphores(ckptd: Ckptd, sysv_ipc: str) -> None:
+    exact_round_trip(ckptd, "sysv-sem", [sysv_ipc, STEPS, "sem"])
+
+
+def test_message_queue(ckptd: Ckptd, sysv_ipc: str) -> None:
+    exact_round_trip(ckptd, "sysv-msg", [sysv_ipc, STEPS, "msg"])
+
+
+def test_segment_removed_while_attached(ckptd: Ckptd, sysv_ipc: str) -> None:
+    exact_round_trip(ckptd, "sysv-rmid", [sysv_ipc, STEPS, "rmid"])
+
+
+def test_sem_undo_refused(ckptd: Ckptd, sysv_ipc: str) -> None:
+    ckptd.launch("sysv-undo", [sysv_ipc, "300", "undo"])
+    ckptd.wait_log("sysv-undo", r"^step 2 ok")
+    assert_refused(ckptd, "sysv-undo", "SEM_UNDO", "undo adjustments")
+
+
+@pytest.mark.serial  # the unprivileged fixture opens directories to another user
+def test_shared_memory_without_root_refused(unprivileged: Ckptd, sysv_ipc: str) -> None:
+    """A job in a user namespace shares the host's IPC namespace: its segments are not its own to save."""
+    os.chmod(sysv_ipc, 0o755)
+    unprivileged.launch("sysv-nr", [sysv_ipc, "300", "rmid"], cwd="/")  # removed at exit: nothing left behind
+    unprivileged.wait_log("sysv-nr", r"^step 2 ok")
+    assert_refused(unprivileged, "sysv-nr", "System V shared memory", "own IPC namespace")
