@@ -58,7 +58,11 @@
  *   plan_eventfd.c  eventfd SLOT COUNT SEMAPHORE   an eventfd several processes share
  *   plan_timerfd.c  timerfd SLOT CLOCK INTERVAL_NS VALUE_NS TICKS   a timerfd several processes share
  *   plan_signalfd.c signalfd SLOT MASK           a signalfd several processes share
+ *   plan_pty.c   pty SLOT INDEX STATE TERMIOS ROW COL XPIXEL YPIXEL FILE OFF LEN
+ *                                               a pseudo-terminal pair at its number
  *   plan_tree.c  proc PID PPID PGID SID DIR     zombie PID PPID PGID SID WSTATUS
+ *                ctty SID SLAVE SLOT PGRP       session SID's controlling terminal: the pty
+ *                                               at SLOT (its slave if SLAVE is 1), PGRP in front
  *                helper PID SID                 a session or group whose leader had exited:
  *                                               made again by a temporary child of init
  */
@@ -313,6 +317,9 @@ static void fill_ops(void)
     OP("eventfd", op_eventfd);
     OP("timerfd", op_timerfd);
     OP("signalfd", op_signalfd);
+    /* plan_pty.c; ctty is plan_tree.c's */
+    OP("pty", op_pty, KEY(RST_KEY_PTY, 1, 0, 2));
+    OP("ctty", 0);
     /* plan_tree.c, once every object exists */
     OP("proc", 0);
     OP("zombie", 0);

@@ -78,6 +78,8 @@ void op_eventfd(const struct line *l);
 /* plan_timerfd.c, plan_signalfd.c */
 void op_timerfd(const struct line *l);
 void op_signalfd(const struct line *l);
+/* plan_pty.c */
+void op_pty(const struct line *l);
 /* plan_tree.c: the proc, zombie and helper lines, once every object exists */
 void plan_build_tree(char *buf, uint64_t size) __attribute__((noreturn));
 

@@ -37,6 +37,7 @@
 #define RST_KEY_TCP 6
 #define RST_KEY_DESC 7   /* an open file description several processes share: dev = pid, ino = fd */
 #define RST_KEY_DELETED 8  /* a deleted file or directory the plan made again (plan_deleted.c) */
+#define RST_KEY_PTY 9      /* a pseudo-terminal's master, by its number (ino; plan_pty.c) */
 struct rst_key {
     uint32_t kind;
     uint32_t slot;

@@ -12,7 +12,8 @@ One module per kind of object, named as its native/restorer/plan_<kind>.c
 is: pipe.py (pipes, FIFOs), unix.py (Unix sockets), tcp.py, shm.py (shared
 memory objects), deleted.py (deleted files and directories), file.py (files
 opened by path), eventfd.py, timerfd.py, signalfd.py, pidfd.py and
-inotify.py (which refuse one several processes share); tree.py (the process
+inotify.py (which refuse one several processes share), pty.py
+(pseudo-terminals, controlling terminals); tree.py (the process
 tree); planner.py (the planner, and what the kinds share).
 
 The same planning runs while a checkpoint is taken (before it is
@@ -34,6 +35,7 @@ from .file import Files
 from .inotify import Inotifies
 from .pidfd import Pidfds
 from .pipe import Pipes
+from .pty import Ptys
 from .planner import Kind, PlanError, Planner, ProcessImage
 from .shm import SharedMemory
 from .signalfd import Signalfds
@@ -57,6 +59,7 @@ KINDS: tuple[type[Kind], ...] = (
     Signalfds,
     Pidfds,
     Inotifies,
+    Ptys,
 )
 
 

@@ -19,7 +19,7 @@
 
 /* BEGIN CFFI */
 #define CK_CORE_MAGIC 0x45524f4354504b43   /* "CKPTCORE" as little-endian bytes */
-#define CK_CORE_VERSION 6
+#define CK_CORE_VERSION 7
 #define CK_MAX_SECTIONS 16
 #define CK_PAGE_SIZE 4096
 
@@ -195,6 +195,8 @@ struct ck_page_source {
 #define CK_FD_SIGNALFD 15        /* signalfd: its mask */
 #define CK_FD_PIDFD 16           /* pidfd of a process of the job: opened again with pidfd_open */
 #define CK_FD_INOTIFY 17         /* inotify: its watches, added again by path in their order */
+#define CK_FD_PTY_MASTER 18      /* a pseudo-terminal's master (/dev/ptmx): the pair made again at its number */
+#define CK_FD_PTY_SLAVE 19       /* a pseudo-terminal's slave (/dev/pts/N): reopened by path */
 
 /* ck_fd.sock_opts (CK_FD_TCP): options set again on the new socket */
 #define CK_SOCKOPT_NODELAY 0x1
@@ -317,7 +319,23 @@ struct ck_fd {
     uint32_t nwatches;
     uint32_t pad4;
     uint64_t watches_off;
+    /* CK_FD_PTY_MASTER, CK_FD_PTY_SLAVE: the pair's number (/dev/pts/N),
+       the same after a restart (the job has a devpts instance of its own).
+       A master also saves the pair's state: the slave's termios (struct
+       termios2, TCGETS2), its window size (struct winsize), CK_PTY_* and
+       the bytes the slave wrote that the master has not read (data_off,
+       data_len) */
+    uint32_t pty_index;
+    uint32_t pty_state;         /* CK_PTY_* */
+    uint8_t termios[44];
+    uint16_t winsize[4];
+    uint32_t pad5;
 };
+
+/* ck_fd.pty_state (CK_FD_PTY_MASTER) */
+#define CK_PTY_LOCKED 0x1        /* TIOCGPTLCK: the slave cannot be opened (before unlockpt) */
+#define CK_PTY_PACKET 0x2        /* TIOCGPKT: the master reads in packet mode */
+#define CK_PTY_HUP 0x4           /* the slave was opened and every descriptor of it closed: the master reads EIO */
 
 /* one inotify watch (CK_FD_INOTIFY), added again by path at restore */
 struct ck_inotify_watch {
@@ -483,6 +501,14 @@ struct ck_proc {
     uint64_t timers_off;
     uint32_t timer_restore_ids;
     uint32_t pad_timers;
+    /* issue 19: the controlling terminal when it is one of the job's
+       pseudo-terminals (ctty_kind CK_FD_PTY_MASTER or CK_FD_PTY_SLAVE; 0:
+       none), its number and its foreground process group (tpgid): given
+       back by the session's leader before it forks (plan_tree.c) */
+    uint32_t ctty_kind;
+    uint32_t ctty_index;
+    int32_t ctty_pgrp;
+    uint32_t pad_ctty;
 };
 
 /*

@@ -1,0 +1,39 @@
+"""Pseudo-terminals saved and restored exactly, or refused (issue 19).
+
+tests/workloads/pty.c opens a pair (/dev/ptmx and /dev/pts/N) and checks
+it from inside at every step while the job is checkpointed, killed and
+restarted (conftest.exact_round_trip): the same /dev/pts number, termios,
+window size, lock and packet mode, master and slave still talking, the
+controlling terminal of a session and its foreground group.
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import Ckptd, compile_workload, exact_round_trip
+from test_bad_input import assert_refused
+
+
+@pytest.fixture(scope="module")
+def exe(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return compile_workload(tmp_path_factory, "pty")
+
+
+def test_pty_pair_with_bytes_in_flight(ckptd: Ckptd, exe: str) -> None:
+    """Master in the parent (packet mode), slave in a child that answers
+    upper-cased; the answer (output-processed: "X\\r\\n") waits in the
+    master's buffer at the checkpoint and is read after the restart."""
+    exact_round_trip(ckptd, "ptypair", [exe, "30", "pair"])
+
+
+def test_pty_controlling_terminal(ckptd: Ckptd, exe: str) -> None:
+    """A child's session has the slave as its controlling terminal and a
+    grandchild's group in front; the grandchild inherits the terminal."""
+    exact_round_trip(ckptd, "ptyctty", [exe, "30", "ctty"])
+
+
+def test_pty_slave_without_master_refused(ckptd: Ckptd, exe: str) -> None:
+    """A slave whose master was closed: the pair cannot be made again."""
+    ckptd.launch("ptynomaster", [exe, "100", "nomaster"])
+    ckptd.wait_log("ptynomaster", r"^step 2 ok")
+    assert_refused(ckptd, "ptynomaster", "/dev/pts/", "master", "held by no process of the job")
