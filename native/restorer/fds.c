@@ -12,6 +12,7 @@
  * the owner.
  */
 #include "restorer.h"
+#include "../common/pty.h"
 
 #include <errno.h>
 
@@ -228,6 +229,9 @@ void rst_restore_fds(const struct rst_image *im)
                 rst_fail("the restore plan has no pseudo-terminal for a descriptor", path, 0);
             tmp = scratch_fd(ck_open(path, (int)(f->open_flags & O_ACCMODE) | O_NOCTTY | O_NONBLOCK | O_CLOEXEC, 0),
                              "cannot reopen a pseudo-terminal's slave", path);
+            struct stat st;
+            if (ck_fstat(tmp, &st) < 0 || ck_pty_index(st.st_rdev, CK_PTY_SLAVE_MAJOR) != (long)f->pty_index)
+                rst_fail("a pseudo-terminal slave's path leads to another device now", path, 0);
             break;
         case CK_FD_DUP:
             continue;

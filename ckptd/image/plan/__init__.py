@@ -35,8 +35,8 @@ from .file import Files
 from .inotify import Inotifies
 from .pidfd import Pidfds
 from .pipe import Pipes
-from .pty import Ptys
 from .planner import Kind, PlanError, Planner, ProcessImage
+from .pty import Ptys
 from .shm import SharedMemory
 from .signalfd import Signalfds
 from .tcp import TcpSockets
