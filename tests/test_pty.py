@@ -9,9 +9,12 @@ controlling terminal of a session and its foreground group.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from conftest import Ckptd, compile_workload, exact_round_trip
 from test_bad_input import assert_refused
+from test_nonroot import unprivileged  # noqa: F401  (a fixture: the unprivileged test's)
 
 
 @pytest.fixture(scope="module")
@@ -37,3 +40,11 @@ def test_pty_slave_without_master_refused(ckptd: Ckptd, exe: str) -> None:
     ckptd.launch("ptynomaster", [exe, "100", "nomaster"])
     ckptd.wait_log("ptynomaster", r"^step 2 ok")
     assert_refused(ckptd, "ptynomaster", "/dev/pts/", "master", "held by no process of the job")
+
+
+@pytest.mark.serial  # the unprivileged fixture opens /root and pytest's base directory to another user
+def test_pty_pair_without_root(request: pytest.FixtureRequest, exe: str) -> None:
+    """In a user namespace: ckptd-init mounts the job's devpts instance there too."""
+    c: Ckptd = request.getfixturevalue("unprivileged")
+    os.chmod(exe, 0o755)
+    exact_round_trip(c, "ptynr", [exe, "30", "pair"])
