@@ -42,6 +42,21 @@ def test_pty_slave_without_master_refused(ckptd: Ckptd, exe: str) -> None:
     assert_refused(ckptd, "ptynomaster", "/dev/pts/", "master", "held by no process of the job")
 
 
+def test_pty_locked_again_with_its_slave_open_refused(ckptd: Ckptd, exe: str) -> None:
+    """The restart could not open the slave of a locked pair."""
+    ckptd.launch("ptyrelock", [exe, "100", "relock"])
+    ckptd.wait_log("ptyrelock", r"^step 2 ok")
+    assert_refused(ckptd, "ptyrelock", "/dev/pts/0", "locked again", "unlockpt")
+
+
+def test_pty_on_another_devpts_instance_refused(ckptd: Ckptd, exe: str) -> None:
+    """The job unmounted its own instance and opened a pair on the host's:
+    its number could not be had again."""
+    ckptd.launch("ptyhost", [exe, "100", "hostpts"])
+    ckptd.wait_log("ptyhost", r"^step 2 ok")
+    assert_refused(ckptd, "ptyhost", "/dev/pts/", "outside the job's own devpts instance")
+
+
 @pytest.mark.serial  # the unprivileged fixture opens /root and pytest's base directory to another user
 def test_pty_pair_without_root(request: pytest.FixtureRequest, exe: str) -> None:
     """In a user namespace: ckptd-init mounts the job's devpts instance there too."""

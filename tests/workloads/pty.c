@@ -11,6 +11,9 @@
  *   pty STEPS ctty     a child in a session of its own has the slave as its
  *                      controlling terminal, a grandchild's group in front
  *   pty STEPS nomaster the master is closed, the slave held: refused
+ *   pty STEPS relock   the pair locked again while its slave is open: refused
+ *   pty STEPS hostpts  (root) the job's devpts instance unmounted, a pair
+ *                      opened on the host's: refused
  */
 #define _GNU_SOURCE
 #include "state_check.h"
@@ -20,6 +23,7 @@
 #include <signal.h>
 #include <stdint.h>
 #include <sys/ioctl.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <termios.h>
@@ -219,6 +223,17 @@ int main(int argc, char **argv)
         open_pair(1);
         close(master);
         master = -1;
+        run_steps(steps, check_nothing);
+        return 0;
+    } else if (!strcmp(mode, "relock")) {
+        open_pair(1);
+        int lock = 1;
+        CHECK(ioctl(master, TIOCSPTLCK, &lock) == 0, "TIOCSPTLCK");
+        run_steps(steps, check_nothing);
+        return 0;
+    } else if (!strcmp(mode, "hostpts")) {
+        CHECK(umount2("/dev/pts", MNT_DETACH) == 0, "umount /dev/pts");
+        open_pair(1);
         run_steps(steps, check_nothing);
         return 0;
     } else {
