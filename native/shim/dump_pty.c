@@ -142,13 +142,23 @@ static int dump_master(struct ck_image *im, struct ck_fd *f, const char *target)
         static char data[CK_PTY_BUF + 1];
         long fl_was = ck_fcntl(fd, F_GETFL, 0);
         ck_fcntl(fd, F_SETFL, fl_was | O_NONBLOCK);
+        /* everything, also bytes still on their way from the slave (the
+         * kernel hands them to the master's line discipline from a work
+         * queue): they are later than the ones there, so they go back
+         * after them; done when it reads empty twice, 1 ms apart */
         size_t got = 0;
-        while (got < (size_t)avail) {
-            long r = ck_read(fd, data + got, (size_t)avail - got + (packet ? 1 : 0));
+        for (int quiet = 0; quiet < 2 && got < CK_PTY_BUF;) {
+            long r = ck_read(fd, data + got, CK_PTY_BUF - got + (packet ? 1 : 0));
             if (r == -EINTR)
                 continue;
+            if (r == -EAGAIN) {
+                quiet++;
+                ck_nanosleep_ms(1);
+                continue;
+            }
             if (r <= 0)
-                break;
+                break;  /* EIO: the slave is closed, nothing more comes */
+            quiet = 0;
             if (packet) {  /* TIOCPKT_DATA (0) first, then the bytes */
                 if (data[got] != 0)
                     break;
@@ -160,7 +170,7 @@ static int dump_master(struct ck_image *im, struct ck_fd *f, const char *target)
         }
         ck_fcntl(fd, F_SETFL, fl_was);
         rc = got ? ck_pty_put_back(fd, &tio, data, got) : 0;
-        if (got != (size_t)avail || rc < 0)
+        if (got < (size_t)avail || rc < 0)
             result = ck_image_fail(im,
                                    "cannot read a pseudo-terminal master's bytes and put them back (some may be "
                                    "lost to the job)",
