@@ -62,4 +62,4 @@ def test_pty_pair_without_root(request: pytest.FixtureRequest, exe: str) -> None
     """In a user namespace: ckptd-init mounts the job's devpts instance there too."""
     c: Ckptd = request.getfixturevalue("unprivileged")
     os.chmod(exe, 0o755)
-    exact_round_trip(c, "ptynr", [exe, "30", "pair"])
+    exact_round_trip(c, "ptynr", [exe, "60", "pair"])  # a slower start: the CLI runs as another user

@@ -118,7 +118,7 @@ static void check_pair_step(int step)
     CHECK(write(master, &c, 1) == 1, "write to the master");
     /* the answer is in the master's buffer before the step ends */
     int inq = 0;
-    for (int i = 0; i < 200 && inq < 3; i++) {
+    for (int i = 0; i < 3000 && inq < 3; i++) {
         step_sleep_ms(1);
         ioctl(master, TIOCINQ, &inq);
     }
