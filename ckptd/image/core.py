@@ -266,6 +266,8 @@ def _fd_type_name(t: int) -> str:
         "CK_FD_INOTIFY": "inotify",
         "CK_FD_UDP": "UDP socket",
         "CK_FD_RAW": "raw socket",
+        "CK_FD_PTY_MASTER": "pseudo-terminal master",
+        "CK_FD_PTY_SLAVE": "pseudo-terminal slave",
     }
     for const, name in names.items():
         if constant(const) == t:

@@ -22,6 +22,7 @@ int main(void)
     S(ck_file_lock); F(ck_fd, locks_off); F(ck_fd, sockopt_off);
     S(ck_inotify_watch); F(ck_fd, watches_off); F(ck_fd, target_pid); F(ck_fd, sigmask);
     S(ck_mcast_group); F(ck_fd, mcast_off);
+    F(ck_fd, pty_index); F(ck_fd, termios); F(ck_fd, winsize); F(ck_proc, ctty_kind); F(ck_proc, ctty_pgrp);
     F(ck_proc, start_code); F(ck_proc, itimers); F(ck_proc, comm); F(ck_header, sections);
     printf("}\n");
     return 0;

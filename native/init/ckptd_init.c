@@ -318,6 +318,23 @@ static void run_job(const struct options *o, int out_w, int err_w)
 
 /* ---- the reaper (pid 1) ---- */
 
+/*
+ * The job's own pseudo-terminals: a devpts instance of its own at
+ * /dev/pts, so that their numbers start at 0 and a restart can give each
+ * pair its number again (native/restorer/plan_pty.c).  /dev/ptmx, a device
+ * node or a link to pts/ptmx, finds the instance at pts beside it.  Its
+ * source, "ckptd-devpts", is how the shim knows it (dump_pty.c).  Where it
+ * cannot be mounted (no /dev/pts), the job's ptys are refused at checkpoint.
+ */
+static void mount_devpts(const struct options *o)
+{
+    /* gid 5 (tty) as the host's instance has it; a user namespace maps no such group */
+    const char *opts = o->userns ? "newinstance,ptmxmode=0666,mode=0620" : "newinstance,ptmxmode=0666,mode=0620,gid=5";
+    if (mount("ckptd-devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, opts) < 0) {
+        /* the job runs on; a checkpoint refuses its ptys */
+    }
+}
+
 static void run_reaper(const struct options *o, int out_w, int err_w, int status_w)
 {
     char msg[64];
@@ -327,6 +344,7 @@ static void run_reaper(const struct options *o, int out_w, int err_w, int status
         die("cannot mount /proc for the job's pid namespace");
     if (o->hosts && mount(o->hosts, "/etc/hosts", NULL, MS_BIND, NULL) < 0)
         die("cannot mount the ranks' hosts file over /etc/hosts");
+    mount_devpts(o);
     pid_t job = fork();
     if (job < 0)
         die("fork");

@@ -12,6 +12,7 @@
  * the owner.
  */
 #include "restorer.h"
+#include "../common/pty.h"
 
 #include <errno.h>
 
@@ -218,6 +219,25 @@ void rst_restore_fds(const struct rst_image *im)
             break;
         case CK_FD_SIGNALFD:
             tmp = scratch_fd(rst_make_signalfd(f->sigmask), "cannot create a signalfd", 0);  /* plan_signalfd.c */
+            break;
+        case CK_FD_PTY_MASTER: {
+            /* one open file description per pair: the plan's (plan_pty.c) */
+            int slot = rst_slot_for(RST_KEY_PTY, 0, f->pty_index);
+            if (slot < 0)
+                rst_fail("the restore plan has no pseudo-terminal for a descriptor", path, 0);
+            tmp = scratch_fd(ck_fcntl(slot, F_DUPFD_CLOEXEC, 0), "cannot take a pseudo-terminal", path);
+            break;
+        }
+        case CK_FD_PTY_SLAVE:
+            /* its own open file description, like the original open(); the
+             * controlling terminal is the session's (plan_tree.c), never taken here */
+            if (rst_slot_for(RST_KEY_PTY, 0, f->pty_index) < 0)
+                rst_fail("the restore plan has no pseudo-terminal for a descriptor", path, 0);
+            tmp = scratch_fd(ck_open(path, (int)(f->open_flags & O_ACCMODE) | O_NOCTTY | O_NONBLOCK | O_CLOEXEC, 0),
+                             "cannot reopen a pseudo-terminal's slave", path);
+            struct stat st;
+            if (ck_fstat(tmp, &st) < 0 || ck_pty_index(st.st_rdev, CK_PTY_SLAVE_MAJOR) != (long)f->pty_index)
+                rst_fail("a pseudo-terminal slave's path leads to another device now", path, 0);
             break;
         case CK_FD_DUP:
             continue;

@@ -66,7 +66,11 @@
  *   plan_sysv.c  sysvshm ID KEY MODE UID GID SIZE FILE   System V IPC objects, made again
  *                sysvsem ID KEY MODE UID GID NSEMS FILE    under their ids in the job's
  *                sysvmsg ID KEY MODE UID GID QBYTES COUNT FILE   fresh IPC namespace
+ *   plan_pty.c   pty SLOT INDEX STATE TERMIOS ROW COL XPIXEL YPIXEL FILE OFF LEN
+ *                                               a pseudo-terminal pair at its number
  *   plan_tree.c  proc PID PPID PGID SID DIR     zombie PID PPID PGID SID WSTATUS
+ *                ctty SID SLAVE SLOT PGRP       session SID's controlling terminal: the pty
+ *                                               at SLOT (its slave if SLAVE is 1), PGRP in front
  *                helper PID SID                 a session or group whose leader had exited:
  *                                               made again by a temporary child of init
  */
@@ -267,7 +271,7 @@ static void op_sockopts(const struct line *l)
  * it is filled again each time it is used, where it runs.
  */
 #define KEY(kind, slot, dev, ino) {kind, slot, dev, ino}
-#define MAX_OPS 48
+#define MAX_OPS 64
 #define OP(w, fn, ...) add_op(&n, (struct plan_op){w, fn, {__VA_ARGS__}})
 static struct plan_op ops[MAX_OPS];
 static size_t nops;
@@ -331,6 +335,9 @@ static void fill_ops(void)
     OP("sysvshm", op_sysvshm);
     OP("sysvsem", op_sysvsem);
     OP("sysvmsg", op_sysvmsg);
+    /* plan_pty.c; ctty is plan_tree.c's */
+    OP("pty", op_pty, KEY(RST_KEY_PTY, 1, 0, 2));
+    OP("ctty", 0);
     /* plan_tree.c, once every object exists */
     OP("proc", 0);
     OP("zombie", 0);

@@ -88,6 +88,8 @@ void op_signalfd(const struct line *l);
 void op_sysvshm(const struct line *l);
 void op_sysvsem(const struct line *l);
 void op_sysvmsg(const struct line *l);
+/* plan_pty.c */
+void op_pty(const struct line *l);
 /* plan_tree.c: the proc, zombie and helper lines, once every object exists */
 void plan_build_tree(char *buf, uint64_t size) __attribute__((noreturn));
 

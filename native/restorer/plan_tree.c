@@ -4,15 +4,21 @@
  *   proc PID PPID PGID SID DIR     zombie PID PPID PGID SID WSTATUS
  *   helper PID SID                 a session or group whose leader had exited:
  *                                  made again by a temporary child of init
+ *   ctty SID SLAVE SLOT PGRP       session SID's controlling terminal: the pty
+ *                                  at SLOT (its slave if SLAVE is 1), PGRP in front
  * Each process forks its children with their old pids (clone3 set_tid),
  * takes its session and process group, then execs `ckptd-restore IMAGE_DIR
  * --plan PLAN` for its own image.  Zombies are recreated by a child that
  * exits at once.  Orphans are forked with CLONE_PARENT by a child of init
  * in their session; a session or group whose leader had exited by a helper
  * process with the leader's pid, gone before the job runs.  Nobody execs
- * its restorer before the whole tree exists (wait_tree).
+ * its restorer before the whole tree exists (wait_tree).  A session
+ * leader takes its controlling terminal back (TIOCSCTTY) before it forks,
+ * so the members of its session inherit it, and puts its foreground group
+ * back once every group exists.
  */
 #include "plan.h"
+#include "../common/pty.h"
 
 #include <errno.h>
 
@@ -33,6 +39,12 @@ struct plan_proc {
 
 static struct plan_proc *procs;
 static int nprocs;
+
+#define MAX_CTTYS 64
+static struct {
+    int sid, slave, fd, pgrp;
+} cttys[MAX_CTTYS];
+static int ncttys;
 /* the tree is whole when this pipe reads EOF: every process holds its
  * write end until it has forked its children and joined its group */
 static int tree_pipe[2] = {-1, -1};
@@ -47,6 +59,15 @@ static void collect_procs(char *buf, uint64_t size)
     while (plan_next_line(&cur, buf + size, &l)) {
         if (!l.ntok)
             continue;
+        if (!ck_strcmp(l.tok[0], "ctty")) {
+            if (ncttys >= MAX_CTTYS)
+                rst_fail("too many controlling terminals in the restore plan", 0, 0);
+            cttys[ncttys].sid = (int)num(&l, 1);
+            cttys[ncttys].slave = (int)num(&l, 2);
+            cttys[ncttys].fd = slot_fd(&l, 3);
+            cttys[ncttys++].pgrp = (int)num(&l, 4);
+            continue;
+        }
         int zombie = !ck_strcmp(l.tok[0], "zombie"), helper = !ck_strcmp(l.tok[0], "helper");
         if (ck_strcmp(l.tok[0], "proc") && !zombie && !helper)
             continue;
@@ -169,6 +190,41 @@ static void join_group(const struct plan_proc *p)
     }
 }
 
+/* a session leader's controlling terminal, taken back (TIOCSCTTY): the
+ * descriptor it was taken through, or -1 (no ctty line for its session) */
+static int take_ctty(const struct plan_proc *p, int *pgrp)
+{
+    for (int i = 0; i < ncttys; i++) {
+        if (cttys[i].sid != p->pid)
+            continue;
+        long fd = cttys[i].fd;
+        if (cttys[i].slave)
+            fd = ck_ioctl(cttys[i].fd, CK_TIOCGPTPEER, (void *)(long)(O_RDWR | O_NOCTTY | O_CLOEXEC));
+        long rc = fd < 0 ? fd : ck_ioctl((int)fd, CK_TIOCSCTTY, 0);
+        if (rc < 0)
+            rst_fail("cannot give a session its controlling terminal again (TIOCSCTTY)", 0, rc);
+        *pgrp = cttys[i].pgrp;
+        return cttys[i].slave ? (int)fd : -2;
+    }
+    return -1;
+}
+
+/* its foreground process group, once every group exists; fd: take_ctty's */
+static void set_foreground(const struct plan_proc *p, int fd, int pgrp)
+{
+    int peer = fd >= 0;
+    for (int i = 0; i < ncttys && !peer; i++)
+        if (cttys[i].sid == p->pid)
+            fd = cttys[i].fd;
+    if (pgrp > 0 && pgrp != p->pgid) {
+        long rc = ck_ioctl(fd, CK_TIOCSPGRP, &pgrp);
+        if (rc < 0)
+            rst_fail("cannot give a controlling terminal its foreground process group again (TIOCSPGRP)", 0, rc);
+    }
+    if (peer)
+        ck_close(fd);
+}
+
 static void become(int idx)
 {
     const struct plan_proc *p = &procs[idx];
@@ -186,6 +242,7 @@ static void become(int idx)
         rst_fail("cannot recreate a session or process group", 0, rc);
     if (ck_getsid(0) != p->sid)
         rst_fail("cannot restore a process's session (it was created by a process that is gone)", 0, 0);
+    int ctty_pgrp = 0, ctty = p->sid == p->pid && !p->zombie && !p->helper ? take_ctty(p, &ctty_pgrp) : -1;
     /* init's children in this session: helpers first (the groups and
      * sessions that others join), then orphans */
     if (p->ppid == 1)
@@ -209,6 +266,8 @@ static void become(int idx)
     wait_tree();
     if (p->helper)
         ck_exit_group(0);  /* init reaps it */
+    if (ctty != -1)
+        set_foreground(p, ctty, ctty_pgrp);
     exec_restorer(p);
 }
 

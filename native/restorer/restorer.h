@@ -38,6 +38,7 @@
 #define RST_KEY_DESC 7   /* an open file description several processes share: dev = pid, ino = fd */
 #define RST_KEY_DELETED 8  /* a deleted file or directory the plan made again (plan_deleted.c) */
 #define RST_KEY_DGRAM 9  /* a UDP, ping or raw socket (plan_dgram.c) */
+#define RST_KEY_PTY 10     /* a pseudo-terminal's master, by its number (ino; plan_pty.c) */
 struct rst_key {
     uint32_t kind;
     uint32_t slot;

@@ -270,6 +270,10 @@ static int dump_proc(struct ck_image *im)
     p->env_start = ck_parse_u64(stat_field(rp, 50 - 3), 10, 0);
     p->env_end = ck_parse_u64(stat_field(rp, 51 - 3), 10, 0);
     p->brk = (uint64_t)ck_brk(0);
+    /* tty_nr, tpgid: fields 7 and 8 */
+    if (ck_dump_ctty(im, p, ck_parse_u64(stat_field(rp, 7 - 3), 10, 0),
+                     ck_parse_i64(stat_field(rp, 8 - 3), 0)) < 0)
+        return -1;
 
     n = ck_read_file("/proc/self/status", procbuf, sizeof(procbuf) - 1);
     if (n < 0)

@@ -248,6 +248,8 @@ static int classify(struct ck_image *im, struct ck_fd *f, const char *target, co
             f->type = CK_FD_CHR;
             return 0;
         }
+        if (ck_is_pty(fd, st))
+            return ck_dump_pty(im, f, target, st);  /* dump_pty.c */
         if (fd <= 2 && (ck_startswith(target, "/dev/pts/") || ck_startswith(target, "/dev/tty"))) {
             f->type = CK_FD_STDIO;  /* the terminal will be gone: use the log */
             return 0;

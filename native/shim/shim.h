@@ -273,6 +273,10 @@ int ck_save_shmem_fd(struct ck_image *im, struct ck_fd *f) CK_HIDDEN;
 /* any file held open, read through a new description: PREFIX<ino>.data, holes kept */
 int ck_save_fd_contents(struct ck_image *im, struct ck_fd *f, const char *prefix) CK_HIDDEN;
 struct stat;
+/* pseudo-terminals and a controlling terminal that is one (dump_pty.c) */
+int ck_is_pty(int fd, const struct stat *st) CK_HIDDEN;
+int ck_dump_pty(struct ck_image *im, struct ck_fd *f, const char *target, const struct stat *st) CK_HIDDEN;
+int ck_dump_ctty(struct ck_image *im, struct ck_proc *p, uint64_t tty_nr, int64_t tpgid) CK_HIDDEN;
 /* an inotify descriptor's watches, by path (dump_inotify.c) */
 int ck_dump_inotify(struct ck_image *im, struct ck_fd *f, const char *fdinfo, const char *target) CK_HIDDEN;
 /* an open file or directory whose name was removed, not on tmpfs (dump_deleted.c) */

@@ -14,7 +14,8 @@ ping and raw sockets), shm.py (shared
 memory objects), deleted.py (deleted files and directories), file.py (files
 opened by path), eventfd.py, timerfd.py, signalfd.py, pidfd.py and
 inotify.py (which refuse one several processes share), sysv.py (System V
-IPC objects, kept under their ids); tree.py (the process
+IPC objects, kept under their ids), pty.py (pseudo-terminals, controlling
+terminals); tree.py (the process
 tree); planner.py (the planner, and what the kinds share).
 
 The same planning runs while a checkpoint is taken (before it is
@@ -38,6 +39,7 @@ from .inotify import Inotifies
 from .pidfd import Pidfds
 from .pipe import Pipes
 from .planner import Kind, PlanError, Planner, ProcessImage
+from .pty import Ptys
 from .shm import SharedMemory
 from .signalfd import Signalfds
 from .sysv import SysvIpc
@@ -63,6 +65,7 @@ KINDS: tuple[type[Kind], ...] = (
     Pidfds,
     Inotifies,
     SysvIpc,
+    Ptys,
 )
 
 

@@ -200,6 +200,8 @@ struct ck_page_source {
 #define CK_FD_SIGNALFD 15        /* signalfd: its mask */
 #define CK_FD_PIDFD 16           /* pidfd of a process of the job: opened again with pidfd_open */
 #define CK_FD_INOTIFY 17         /* inotify: its watches, added again by path in their order */
+#define CK_FD_PTY_MASTER 18      /* a pseudo-terminal's master (/dev/ptmx): the pair made again at its number */
+#define CK_FD_PTY_SLAVE 19       /* a pseudo-terminal's slave (/dev/pts/N): reopened by path */
 #define CK_FD_UDP 20             /* datagram inet socket (UDP, ICMP ping; IPv4/IPv6): recreated by the
                                     restore plan, bound and connected again (native/shim/dump_dgram.c) */
 #define CK_FD_RAW 21             /* raw inet socket (SOCK_RAW, its protocol): as CK_FD_UDP */
@@ -348,6 +350,17 @@ struct ck_fd {
     uint64_t rights_off;
     uint32_t nrights;
     uint32_t pad5;
+    /* CK_FD_PTY_MASTER, CK_FD_PTY_SLAVE: the pair's number (/dev/pts/N),
+       the same after a restart (the job has a devpts instance of its own).
+       A master also saves the pair's state: the slave's termios (struct
+       termios2, TCGETS2), its window size (struct winsize), CK_PTY_* and
+       the bytes the slave wrote that the master has not read (data_off,
+       data_len) */
+    uint32_t pty_index;
+    uint32_t pty_state;         /* CK_PTY_* */
+    uint8_t termios[44];
+    uint16_t winsize[4];
+    uint32_t pad6;
 };
 
 /* one multicast group a datagram socket joined (any source: one with a
@@ -365,6 +378,11 @@ struct ck_rights {
     uint32_t len;   /* its bytes (a stream: from `at` to the end of the kernel's buffer the descriptors ride on) */
     uint32_t nfds;  /* descriptor numbers that follow */
 };
+
+/* ck_fd.pty_state (CK_FD_PTY_MASTER) */
+#define CK_PTY_LOCKED 0x1        /* TIOCGPTLCK: the slave cannot be opened (before unlockpt) */
+#define CK_PTY_PACKET 0x2        /* TIOCGPKT: the master reads in packet mode */
+#define CK_PTY_HUP 0x4           /* the slave was opened and every descriptor of it closed: the master reads EIO */
 
 /* one inotify watch (CK_FD_INOTIFY), added again by path at restore */
 struct ck_inotify_watch {
@@ -530,6 +548,14 @@ struct ck_proc {
     uint64_t timers_off;
     uint32_t timer_restore_ids;
     uint32_t pad_timers;
+    /* issue 19: the controlling terminal when it is one of the job's
+       pseudo-terminals (ctty_kind CK_FD_PTY_MASTER or CK_FD_PTY_SLAVE; 0:
+       none), its number and its foreground process group (tpgid): given
+       back by the session's leader before it forks (plan_tree.c) */
+    uint32_t ctty_kind;
+    uint32_t ctty_index;
+    int32_t ctty_pgrp;
+    uint32_t pad_ctty;
 };
 
 /*
