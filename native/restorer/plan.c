@@ -44,6 +44,8 @@
  *                tcprepair SLOT LOCAL PEER SND_SEQ RCV_SEQ MSS SND_WS RCV_WS TCPI_OPTS TS
  *                repairq SLOT 1|2 FILE OFF LEN  repairoff SLOT WL1 WND MAXWND RCVWND RCVWUP
  *                sockbuf SLOT SNDBUF RCVBUF     widen buffers before a large queue goes back
+ *                tcpfin SLOT                    shut the sending side again, wait for FIN wait 2
+ *                tcpgone TEMP SLOT              close TEMP, SLOT's closed peer, wait for close wait
  *   plan_shm.c   shm SLOT DEV INO SIZE NAME     shmfill SLOT FILE
  *   plan_deleted.c  deleted SLOT DEV INO MODE UID GID SIZE PATH FILE   a deleted file (FILE: its
  *                                               contents) or removed directory (FILE "-")
@@ -300,6 +302,8 @@ static void fill_ops(void)
     OP("repairq", op_repairq);
     OP("repairoff", op_repairoff);
     OP("sockbuf", op_sockbuf);
+    OP("tcpfin", op_tcpfin);
+    OP("tcpgone", op_tcpgone);
     /* plan_shm.c */
     OP("shm", op_shm, KEY(RST_KEY_SHM, 1, 2, 3));
     OP("shmfill", op_shmfill);

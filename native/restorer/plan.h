@@ -65,6 +65,8 @@ void op_tcprepair(const struct line *l);
 void op_repairq(const struct line *l);
 void op_repairoff(const struct line *l);
 void op_sockbuf(const struct line *l);
+void op_tcpfin(const struct line *l);
+void op_tcpgone(const struct line *l);
 /* plan_shm.c */
 void op_shm(const struct line *l);
 void op_shmfill(const struct line *l);

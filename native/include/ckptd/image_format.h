@@ -252,7 +252,11 @@ struct ck_fd {
     uint64_t peer_ino;          /* the connected peer's inode; 0: none or gone */
     uint64_t name_off;          /* bound address (sun_path bytes) in BLOB */
     uint32_t name_len;          /* 0: unnamed */
-    uint32_t shutdown;          /* 1 receive side shut, 2 send side shut */
+    uint32_t shutdown;          /* 1 receive side shut, 2 send side shut; CK_FD_TCP:
+                                   1 the peer's FIN arrived (close wait), 2 this
+                                   end's FIN was acknowledged (FIN wait 2), 4 with 1:
+                                   the peer's end was closed on this host (no
+                                   process holds it) */
     uint32_t backlog;           /* CK_SOCK_LISTEN */
     uint32_t nqueued;           /* messages in data: dgram/seqpacket records are a
                                    little-endian uint32 length, then the bytes; a
