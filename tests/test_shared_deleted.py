@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import Ckptd, compile_workload, exact_round_trip
 
-STEPS = "20"
+STEPS = "40"  # 4 s: a checkpoint under load must not outlast the program
 
 
 @pytest.fixture(scope="module")

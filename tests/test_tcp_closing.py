@@ -16,7 +16,7 @@ import pytest
 from conftest import PYTHON, Ckptd, compile_workload, exact_round_trip
 from test_bad_input import assert_refused
 
-STEPS = "20"
+STEPS = "40"  # 4 s: a checkpoint under load must not outlast the program
 
 
 @pytest.fixture(scope="module")

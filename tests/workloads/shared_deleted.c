@@ -9,8 +9,8 @@
  * shared, removes the file and the directory and forks.  The child
  * maps it once more, read-only from a read-only descriptor.  At every step
  * the parent writes a word, the child answers through the mapping with a
- * word of its own; each checks every word written so far, that the two
- * map one inode, that it has no name, its mode and size, and that a
+ * word of its own; each checks every word written so far, that it has no
+ * name (the child: that its two mappings map one inode), its mode and size, and that a
  * descriptor of it (or its /proc/self/map_files link) reads the mapping's
  * bytes.  A restart that gave each process its own copy, or anonymous
  * memory, stops the answers.
@@ -37,7 +37,6 @@
 struct shared {
     volatile int64_t req;   /* the step the parent asks about; -1: stop */
     volatile int64_t ack;   /* the step the child answered */
-    volatile uint64_t child_ino;
     volatile int64_t parent_word[MAX_STEPS + 1];
 };
 
@@ -54,31 +53,41 @@ static char path[4096];
 static int64_t parent_value(int64_t step) { return step * 1000 + 7; }
 static int64_t child_value(int64_t step) { return -(step * 1000 + 3); }
 
-/* the inode and name of the mapping at addr, from /proc/self/maps */
-static uint64_t mapping_ino(void *addr, char *name, size_t cap)
+/* /proc/self/maps in one read: a checkpoint comes between two system
+ * calls, so what one snapshot shows is all from before or all after it */
+static const char *maps_snapshot(void)
 {
-    FILE *f = fopen("/proc/self/maps", "r");
-    CHECK(f != NULL, "open maps");
-    char line[8192];
-    uint64_t ino = 0;
-    while (fgets(line, sizeof(line), f)) {
+    static char buf[1 << 18];
+    int f = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+    CHECK(f >= 0, "open maps");
+    ssize_t n = read(f, buf, sizeof(buf) - 1);
+    close(f);
+    CHECK(n > 0 && n < (ssize_t)sizeof(buf) - 1, "read maps: %zd", n);
+    buf[n] = 0;
+    return buf;
+}
+
+/* the inode and name of the mapping at addr in a snapshot */
+static uint64_t mapping_ino(const char *maps, void *addr, char *name, size_t cap)
+{
+    for (const char *line = maps; *line;) {
+        const char *eol = strchr(line, '\n');
+        size_t len = eol ? (size_t)(eol - line) : strlen(line);
         unsigned long start, end;
         char perms[8], dev[16];
         unsigned long long off, inode;
         int pos = 0;
-        if (sscanf(line, "%lx-%lx %7s %llx %15s %llu %n", &start, &end, perms, &off, dev, &inode, &pos) < 6)
-            continue;
-        if ((uintptr_t)addr < start || (uintptr_t)addr >= end)
-            continue;
-        CHECK(perms[3] == 's', "the mapping at %p is not shared: %s", addr, line);
-        ino = inode;
-        line[strcspn(line, "\n")] = 0;
-        snprintf(name, cap, "%s", line + pos);
-        break;
+        if (sscanf(line, "%lx-%lx %7s %llx %15s %llu %n", &start, &end, perms, &off, dev, &inode, &pos) >= 6 &&
+            (uintptr_t)addr >= start && (uintptr_t)addr < end) {
+            CHECK(perms[3] == 's', "the mapping at %p is not shared: %.*s", addr, (int)len, line);
+            CHECK(inode != 0, "no file at %p", addr);
+            snprintf(name, cap, "%.*s", (int)len - pos, line + pos);
+            return inode;
+        }
+        line += len + (eol != NULL);
     }
-    fclose(f);
-    CHECK(ino != 0, "no mapping at %p", addr);
-    return ino;
+    CHECK(0, "no mapping at %p", addr);
+    return 0;
 }
 
 /* a descriptor of the mapped file: the one held, or the map_files link */
@@ -98,7 +107,7 @@ static int file_of(void *addr)
 static void check_file(void *addr)
 {
     char name[4096];
-    mapping_ino(addr, name, sizeof(name));
+    mapping_ino(maps_snapshot(), addr, name, sizeof(name));
     char want[4200];
     snprintf(want, sizeof(want), "%s (deleted)", path);
     CHECK(!strcmp(name, want), "mapped %s, not %s", name, want);
@@ -138,9 +147,9 @@ static void child_main(void)
             CHECK(mprotect(ro_map, MAPPED, PROT_READ | PROT_WRITE) < 0 && errno == EACCES,
                   "child: a read-only shared mapping became writable");
             char name[4096];
-            CHECK(mapping_ino(ro_map, name, sizeof(name)) == mapping_ino(map, name, sizeof(name)),
+            const char *maps = maps_snapshot();
+            CHECK(mapping_ino(maps, ro_map, name, sizeof(name)) == mapping_ino(maps, map, name, sizeof(name)),
                   "child: its two mappings map two files");
-            sh->child_ino = mapping_ino(map, name, sizeof(name));
             child_word[r] = child_value(r);
             __atomic_store_n(&sh->ack, r, __ATOMIC_SEQ_CST);
             seen = r;
@@ -164,8 +173,6 @@ static void check(int step)
         CHECK(child_word[s] == child_value(s), "child word %d is %lld", s, (long long)child_word[s]);
         CHECK(sh->parent_word[s] == parent_value(s), "own word %d", s);
     }
-    char name[4096];
-    CHECK(sh->child_ino == mapping_ino(map, name, sizeof(name)), "the child maps another file");
     if (step == nsteps) {
         sh->req = -1;
         int status;

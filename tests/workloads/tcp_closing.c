@@ -119,25 +119,33 @@ static void check(int step)
     CHECK(read(shut_end, &c, 1) == 0, "the end of the stream, on the shut end");
 }
 
-/* the state /proc/net/tcp shows for the connection from local to remote; -1: none */
+/* the state /proc/net/tcp shows for the connection from local to remote;
+ * -1: none.  Read again when it lists the connection twice with two states
+ * or not at all: a listing read while other sockets come and go may repeat
+ * or skip lines */
 static int proc_state(const struct sockaddr_in *local, const struct sockaddr_in *remote)
 {
-    FILE *f = fopen("/proc/net/tcp", "r");
-    CHECK(f != NULL, "open /proc/net/tcp");
-    char line[512];
-    int found = -1, n = 0;
-    while (fgets(line, sizeof(line), f)) {
-        unsigned la, lp, ra, rp, st;
-        if (sscanf(line, " %*d: %x:%x %x:%x %x", &la, &lp, &ra, &rp, &st) != 5)
-            continue;
-        if (la == local->sin_addr.s_addr && lp == ntohs(local->sin_port) && ra == remote->sin_addr.s_addr &&
-            rp == ntohs(remote->sin_port)) {
-            found = (int)st;
-            n++;
+    int found = -1;
+    for (int tries = 0; tries < 50; tries++, step_sleep_ms(2)) {
+        FILE *f = fopen("/proc/net/tcp", "r");
+        CHECK(f != NULL, "open /proc/net/tcp");
+        char line[512];
+        int consistent = 1;
+        found = -1;
+        while (fgets(line, sizeof(line), f)) {
+            unsigned la, lp, ra, rp, st;
+            if (sscanf(line, " %*d: %x:%x %x:%x %x", &la, &lp, &ra, &rp, &st) != 5)
+                continue;
+            if (la == local->sin_addr.s_addr && lp == ntohs(local->sin_port) && ra == remote->sin_addr.s_addr &&
+                rp == ntohs(remote->sin_port)) {
+                consistent &= found < 0 || found == (int)st;
+                found = (int)st;
+            }
         }
+        fclose(f);
+        if (consistent && found >= 0)
+            break;
     }
-    fclose(f);
-    CHECK(n <= 1, "%d lines for one connection in /proc/net/tcp", n);
     return found;
 }
 
