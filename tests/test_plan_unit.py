@@ -317,6 +317,49 @@ def test_tcp_to_another_rank_is_repaired(tmp_path: Path) -> None:
         build_plan(images(tmp_path / "norepair", img2), [], {}, other_ranks=["10.0.0.9"])
 
 
+def test_tcp_half_closed_pair_is_shut_again_after_its_bytes(tmp_path: Path) -> None:
+    """FIN-WAIT-2 (shutdown 2) to CLOSE-WAIT (shutdown 1): the FIN again, after what the peer had not read."""
+    img = Image(2)
+    srv, cli = ip_sockaddr("127.0.0.1", 5000), ip_sockaddr("127.0.0.1", 40000)
+    _tcp(img, 3, 50, "CK_SOCK_LISTEN", srv, backlog=4)
+    off = _tcp(img, 4, 51, "CK_SOCK_CONNECTED", srv, peer=cli, queued=b"world", shutdown=1)
+    _tcp(img, 5, 52, "CK_SOCK_CONNECTED", cli, peer=srv, shutdown=2)
+    (p,) = images(tmp_path, img)
+    assert body(plan_lines([p]))[5:8] == [
+        f"tcppair 2 1 0 2 {hx(srv)} {hx(cli)} {hx(srv)}",
+        f"write 2 {blob_at(p, off, 5)}",
+        "tcpfin 2",
+    ]
+
+
+def test_tcp_close_wait_whose_peer_was_closed_gets_it_again_closed(tmp_path: Path) -> None:
+    """CLOSE-WAIT, its peer's end closed on this host (shutdown 1|4): that end made in a slot of its own."""
+    img = Image(2)
+    srv, cli = ip_sockaddr("127.0.0.1", 5000), ip_sockaddr("127.0.0.1", 40000)
+    _tcp(img, 3, 50, "CK_SOCK_LISTEN", srv, backlog=4)
+    off = _tcp(img, 4, 51, "CK_SOCK_CONNECTED", srv, peer=cli, queued=b"world", shutdown=5)
+    (p,) = images(tmp_path, img)
+    lines = body(plan_lines([p]))
+    assert "tcp 2 0 2 0" in lines
+    assert lines[lines.index(f"tcppair 2 1 0 2 {hx(srv)} {hx(cli)} {hx(srv)}") :][:3] == [
+        f"tcppair 2 1 0 2 {hx(srv)} {hx(cli)} {hx(srv)}",
+        f"write 2 {blob_at(p, off, 5)}",
+        "tcpgone 2 1",
+    ]
+
+
+def test_tcp_half_closed_refused_outside_the_job_and_between_ranks(tmp_path: Path) -> None:
+    local, peer = ip_sockaddr("10.0.0.1", 999), ip_sockaddr("10.0.0.9", 80)
+    img = Image(2)
+    _tcp(img, 6, 60, "CK_SOCK_CONNECTED", local, peer=peer, shutdown=1)
+    with pytest.raises(PlanError, match=r"\(CLOSE-WAIT\) was half closed by a peer outside the job"):
+        build_plan(images(tmp_path / "out", img), [], {})
+    img = Image(2)
+    _tcp(img, 6, 60, "CK_SOCK_CONNECTED", local, peer=peer, shutdown=2, repair=1)
+    with pytest.raises(PlanError, match=r"\(FIN-WAIT-2\) to another rank is half closed"):
+        build_plan(images(tmp_path / "rank", img), [], {}, other_ranks=["10.0.0.9"])
+
+
 # ---- shared memory, shared descriptions ----
 
 
@@ -332,6 +375,20 @@ def test_shared_memory_object(tmp_path: Path) -> None:
         f"shm 0 9 70 8192 {hx('ring')}",
         f"shm 1 9 71 4096 {hx('seg')}",
         f"shmfill 0 {hx(po.dir / 'files' / 'shm-70.data')}",
+    ]
+
+
+def test_shared_mapping_of_a_deleted_file_no_descriptor_holds(tmp_path: Path) -> None:
+    """Made again once from the mapping's own record (size, mode, owner) and the contents its process saved."""
+    a, b = Image(2), Image(3, ppid=2, pgid=2, sid=2)
+    flags = constant("CK_VMA_SHARED") | constant("CK_VMA_DELETED")
+    for img in (a, b):
+        img.vmas.append({"start": 0x10000, "end": 0x12000, "flags": flags, "dev": 2049, "ino": 80,
+                         "file_size": 12288, "file_mode": 0o100640, "file_uid": 7, "file_gid": 8,
+                         "path": img.string("/data/d/seg (deleted)")})  # fmt: skip
+    pa, pb = images(tmp_path, a, b)
+    assert body(plan_lines([pa, pb])) == [
+        f"deleted 0 2049 80 {0o100640} 7 8 12288 {hx('/data/d/seg')} {hx(str(pa.dir / 'files' / 'deleted-80.data'))}",
     ]
 
 

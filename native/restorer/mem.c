@@ -260,9 +260,11 @@ static void map_one(const struct rst_image *im, const struct ck_vma *v)
         flags |= MAP_NORESERVE;
     long fd = -1;
     uint64_t pgoff = 0;
-    if (v->flags & CK_VMA_SHMEM) {
+    /* a shared mapping of a deleted file: the file plan_deleted.c made again */
+    int deleted = shared && (v->flags & CK_VMA_DELETED);
+    if ((v->flags & CK_VMA_SHMEM) || deleted) {
         /* the object the plan made once for every process that maps it */
-        fd = rst_slot_for(RST_KEY_SHM, v->dev, v->ino);
+        fd = rst_slot_for(deleted ? RST_KEY_DELETED : RST_KEY_SHM, v->dev, v->ino);
         if (fd < 0)
             rst_fail("the restore plan has no shared memory object for a mapping", rst_str(im, v->path), 0);
         fd = ck_fcntl((int)fd, F_DUPFD_CLOEXEC, 0);
@@ -286,7 +288,7 @@ static void map_one(const struct rst_image *im, const struct ck_vma *v)
         fill_pages(im, v);
         ck_munmap(t, len);
     }
-    if ((v->flags & CK_VMA_SHMEM) && !maywrite)
+    if (((v->flags & CK_VMA_SHMEM) || deleted) && !maywrite)
         fd = read_only_twin(fd, rst_str(im, v->path));
     void *p = ck_mmap((void *)v->start, len, prot, flags, (int)fd, (int64_t)pgoff);
     if (fd >= 0)

@@ -46,6 +46,8 @@
  *                tcprepair SLOT LOCAL PEER SND_SEQ RCV_SEQ MSS SND_WS RCV_WS TCPI_OPTS TS
  *                repairq SLOT 1|2 FILE OFF LEN  repairoff SLOT WL1 WND MAXWND RCVWND RCVWUP
  *                sockbuf SLOT SNDBUF RCVBUF     widen buffers before a large queue goes back
+ *                tcpfin SLOT                    shut the sending side again, wait for FIN wait 2
+ *                tcpgone TEMP SLOT              close TEMP, SLOT's closed peer, wait for close wait
  *   plan_dgram.c dgram SLOT INO FAMILY TYPE PROTOCOL OPTS   a UDP, ping or raw socket
  *                dgrambind SLOT SOCKADDR        dgramconnect SLOT SOCKADDR
  *                mcast SLOT FAMILY IFNAME GROUP a multicast group joined again (any source)
@@ -313,6 +315,8 @@ static void fill_ops(void)
     OP("repairq", op_repairq);
     OP("repairoff", op_repairoff);
     OP("sockbuf", op_sockbuf);
+    OP("tcpfin", op_tcpfin);
+    OP("tcpgone", op_tcpgone);
     /* plan_dgram.c */
     OP("dgram", op_dgram, KEY(RST_KEY_DGRAM, 1, 0, 2));
     OP("dgrambind", op_dgrambind);

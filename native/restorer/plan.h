@@ -66,6 +66,8 @@ void op_tcprepair(const struct line *l);
 void op_repairq(const struct line *l);
 void op_repairoff(const struct line *l);
 void op_sockbuf(const struct line *l);
+void op_tcpfin(const struct line *l);
+void op_tcpgone(const struct line *l);
 /* plan_dgram.c */
 void op_dgram(const struct line *l);
 void op_dgrambind(const struct line *l);

@@ -12,6 +12,8 @@
  *   tcprepair SLOT LOCAL PEER SND_SEQ RCV_SEQ MSS SND_WS RCV_WS TCPI_OPTS TS
  *   repairq SLOT 1|2 FILE OFF LEN  repairoff SLOT WL1 WND MAXWND RCVWND RCVWUP
  *   sockbuf SLOT SNDBUF RCVBUF     widen buffers before a large queue goes back
+ *   tcpfin SLOT                    shut the sending side again (FIN wait 2)
+ *   tcpgone TEMP SLOT              close TEMP, the peer's end of SLOT (close wait)
  *
  * At the end of this file: clearing the killed job's TIME_WAIT sockets off
  * the addresses the restore binds again.
@@ -257,6 +259,47 @@ void op_repairoff(const struct line *l)
     int q = TCP_NO_QUEUE, off = 0; /* off with a window probe: the peer learns our window at once */
     set_repair(fd, TCP_REPAIR_QUEUE, &q, sizeof(q), "TCP_REPAIR_QUEUE");
     set_repair(fd, TCP_REPAIR, &off, sizeof(off), "TCP_REPAIR off");
+}
+
+/* Shut fd's sending side, after its bytes in flight, and wait for the
+ * peer's acknowledgement (FIN wait 2; the peer, in close wait, acknowledges
+ * a FIN late, as a delayed ACK) */
+static void shut_and_wait(int fd)
+{
+    long rc = ck_shutdown(fd, SHUT_WR);
+    if (rc < 0)
+        rst_fail("cannot shut a TCP connection's sending side again", 0, rc);
+    for (int ms = 0; ms < 5000; ms++) {
+        struct tcp_info ti;
+        unsigned len = sizeof(ti);
+        rc = ck_getsockopt(fd, SOL_TCP, TCP_INFO, &ti, &len);
+        if (rc < 0)
+            rst_fail("cannot read a TCP connection's state (TCP_INFO)", 0, rc);
+        if (ti.tcpi_state == TCP_FIN_WAIT2)
+            return;
+        ck_nanosleep_ms(1);
+    }
+    rst_fail("a half-closed TCP connection's peer did not acknowledge its FIN again", 0, -ETIMEDOUT);
+}
+
+/* tcpfin SLOT: an end that had shut its sending side and had its FIN
+ * acknowledged (FIN wait 2; its peer in close wait), so again: the job
+ * finds both ends in their states */
+void op_tcpfin(const struct line *l)
+{
+    shut_and_wait(slot_fd(l, 1));
+}
+
+/* tcpgone TEMP SLOT: SLOT was in close wait and its peer's end had been
+ * closed on this host, no process holding it: TEMP is that end made again
+ * for the moment, shut and closed now, an orphan in FIN wait 2 again as the
+ * kernel kept the old one */
+void op_tcpgone(const struct line *l)
+{
+    int temp = slot_fd(l, 1);
+    (void)slot_fd(l, 2);
+    shut_and_wait(temp);
+    ck_close(temp);
 }
 
 void op_tcp(const struct line *l)

@@ -13,6 +13,8 @@
  *   (CK_VMA_SHMEM)                  memfd, deleted /dev/shm files; the restore
  *                                   plan recreates the object once per job
  *   private mapping, deleted file   every readable page
+ *   shared mapping, deleted file    nothing: mapped again from the file the
+ *   (not on tmpfs)                  restore plan makes again (dump_deleted.c)
  *   [vdso], [vvar], [vvar_vclock]   nothing: the restorer moves the kernel's
  *
  * Present pages are found with the PAGEMAP_SCAN ioctl (Linux 6.7+), else by
@@ -499,8 +501,10 @@ static int on_mapping(const struct ck_map_entry *e, void *vctx)
                     major(st.st_dev) == e->dev_major && minor(st.st_dev) == e->dev_minor;
     if (!same_file) {
         /* deleted, or replaced on disk since it was mapped */
+        if (e->shared && ck_endswith(path, " (deleted)"))
+            return ck_dump_deleted_mapping(im, v, e);  /* dump_deleted.c */
         if (e->shared)
-            return ck_image_fail(im, "a shared mapping of a deleted or replaced file (memfd?) is not supported yet", path, 0);
+            return ck_image_fail(im, "a shared mapping of a file replaced on disk since it was mapped", path, 0);
         v->flags |= CK_VMA_ANON | CK_VMA_DELETED;
         return dump_all_readable(m, e->start, e->end);
     }

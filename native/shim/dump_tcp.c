@@ -1,7 +1,9 @@
 /*
  * TCP sockets: what the restore plan needs to build each one again.
  *
- * Saved per socket: family, state (listening, connected, or neither), the
+ * Saved per socket: family, state (listening, connected, or neither; a
+ * connection half closed, FIN wait 2 or close wait, is connected with
+ * ck_fd.shutdown set), the
  * local and remote addresses, the options that change behaviour (Nagle,
  * keepalive, address reuse, v6-only), the buffer sizes, and the bytes in
  * flight:
@@ -28,6 +30,9 @@
 #include "../common/util.h"
 
 #include <errno.h>
+#include <linux/inet_diag.h>
+#include <linux/netlink.h>
+#include <linux/sock_diag.h>
 #include <linux/sockios.h>
 #include <sys/ioctl.h>
 #include <netinet/in.h>
@@ -255,6 +260,72 @@ out:;
     return result;
 }
 
+/*
+ * Close wait: whether the peer's end was closed on this host, so that no
+ * process holds it (an orphan the kernel keeps in FIN wait 2 for a while,
+ * or gone): then the restore plan may make it again for a moment and close
+ * it (tcp.py), and the job meets what it would have met: its unread bytes,
+ * the end of the stream, and a reset if it writes.  On this host: the two
+ * ends have one address (a connection on the host from and to itself);
+ * held: NETLINK_SOCK_DIAG finds the peer's four addresses with an inode.
+ */
+static int peer_closed_here(struct ck_image *im, int fd, int family)
+{
+    struct sockaddr_in6 local, peer;
+    unsigned ll = sizeof(local), pl = sizeof(peer);
+    ck_memset(&local, 0, sizeof(local));
+    ck_memset(&peer, 0, sizeof(peer));
+    if (im->diag_fd < 0 || ck_sc3(SYS_getsockname, fd, &local, &ll) < 0 || ck_sc3(SYS_getpeername, fd, &peer, &pl) < 0)
+        return 0;
+    struct {
+        struct nlmsghdr nh;
+        struct inet_diag_req_v2 req;
+    } rq;
+    ck_memset(&rq, 0, sizeof(rq));
+    struct inet_diag_sockid *id = &rq.req.id;
+    if (family == AF_INET) {
+        const struct sockaddr_in *l4 = (const void *)&local, *p4 = (const void *)&peer;
+        if (l4->sin_addr.s_addr != p4->sin_addr.s_addr)
+            return 0;
+        id->idiag_sport = p4->sin_port;
+        id->idiag_dport = l4->sin_port;
+        id->idiag_src[0] = p4->sin_addr.s_addr;
+        id->idiag_dst[0] = l4->sin_addr.s_addr;
+    } else {
+        if (ck_memcmp(&local.sin6_addr, &peer.sin6_addr, 16) != 0)
+            return 0;
+        id->idiag_sport = peer.sin6_port;
+        id->idiag_dport = local.sin6_port;
+        ck_memcpy(id->idiag_src, &peer.sin6_addr, 16);
+        ck_memcpy(id->idiag_dst, &local.sin6_addr, 16);
+    }
+    id->idiag_cookie[0] = id->idiag_cookie[1] = INET_DIAG_NOCOOKIE;
+    rq.nh.nlmsg_len = sizeof(rq);
+    rq.nh.nlmsg_type = SOCK_DIAG_BY_FAMILY;
+    rq.nh.nlmsg_flags = NLM_F_REQUEST;
+    rq.req.sdiag_family = (uint8_t)family;
+    rq.req.sdiag_protocol = IPPROTO_TCP;
+    rq.req.idiag_states = ~0u;
+    struct sockaddr_nl sa;
+    ck_memset(&sa, 0, sizeof(sa));
+    sa.nl_family = AF_NETLINK;
+    if (ck_sendto(im->diag_fd, &rq, sizeof(rq), 0, &sa, sizeof(sa)) < 0)
+        return 0;
+    static char resp[4096];
+    long n;
+    do
+        n = ck_read(im->diag_fd, resp, sizeof(resp));
+    while (n == -EINTR);
+    struct nlmsghdr *nh = (void *)resp;
+    if (n < (long)sizeof(*nh) || nh->nlmsg_len > (uint32_t)n)
+        return 0;
+    if (nh->nlmsg_type == NLMSG_ERROR)
+        return ((struct nlmsgerr *)NLMSG_DATA(nh))->error == -ENOENT;  /* gone */
+    if (nh->nlmsg_len < NLMSG_LENGTH(sizeof(struct inet_diag_msg)))
+        return 0;
+    return ((struct inet_diag_msg *)NLMSG_DATA(nh))->idiag_inode == 0;  /* an orphan */
+}
+
 int ck_dump_tcp(struct ck_image *im, struct ck_fd *f, int family, const char *target)
 {
     int fd = f->fd;
@@ -293,19 +364,25 @@ int ck_dump_tcp(struct ck_image *im, struct ck_fd *f, int family, const char *ta
         return 0;
     case TCP_ESTABLISHED:
         break;
+    /* Half closed, for as long as the program keeps it so: saved as a
+     * connection with f->shutdown saying which FIN was exchanged; the
+     * restore plan makes it again established, puts its bytes back, then
+     * shuts the sending side of the end that had (tcp.py).  Only its
+     * acknowledged states: a FIN not yet acknowledged (FIN wait 1, closing,
+     * last ACK) is a close under way, retried below. */
+    case TCP_FIN_WAIT2:  /* this end shut its sending side, its FIN acknowledged */
+        f->shutdown = 2;
+        break;
+    case TCP_CLOSE_WAIT:  /* the peer's FIN arrived: the end of the stream, after the queue */
+        f->shutdown = 1 | (peer_closed_here(im, fd, family) ? 4 : 0);
+        break;
     default: {
         static char why[96];
         struct ck_buf b;
         ck_buf_init(&b, why, sizeof(why));
         ck_buf_str(&b, "TCP connection that is ");
         ck_buf_str(&b, ti.tcpi_state < sizeof(state_names) / sizeof(state_names[0]) ? state_names[ti.tcpi_state] : "?");
-        /* a handshake or a close under way ends by itself; a half-closed
-         * connection (FIN wait 2, close wait) lasts as long as the program
-         * keeps it: waiting cannot fix that */
-        if (ti.tcpi_state == TCP_FIN_WAIT2 || ti.tcpi_state == TCP_CLOSE_WAIT) {
-            ck_buf_str(&b, ", which ckptd cannot restore");
-            return ck_fail_fd(im, fd, why, target);
-        }
+        /* a handshake or a close under way ends by itself */
         return ck_image_passing(im, ck_fail_fd(im, fd, why, target));
     }
     }

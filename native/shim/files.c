@@ -201,32 +201,39 @@ int ck_save_shmem_fd(struct ck_image *im, struct ck_fd *f)
 
 int ck_save_fd_contents(struct ck_image *im, struct ck_fd *f, const char *prefix)
 {
-    char name[64], link[64];
+    /* a new open file description, so the job's file offset stays put */
+    char link[64];
+    struct ck_buf b;
+    ck_buf_init(&b, link, sizeof(link));
+    ck_buf_str(&b, "/proc/self/fd/");
+    ck_buf_u64(&b, (uint64_t)f->fd);
+    return ck_save_contents(im, link, f->ino, f->size, prefix);
+}
+
+int ck_save_contents(struct ck_image *im, const char *link, uint64_t ino, uint64_t size, const char *prefix)
+{
+    char name[64];
     struct ck_buf b;
     long rc = ck_sc3(SYS_mkdirat, im->dirfd, "files", 0700);
     if (rc < 0 && rc != -EEXIST)
         return ck_image_fail(im, "cannot create files/ in the image directory", 0, rc);
     ck_buf_init(&b, name, sizeof(name));
     ck_buf_str(&b, prefix);
-    ck_buf_u64(&b, f->ino);
+    ck_buf_u64(&b, ino);
     ck_buf_str(&b, ".data");
     long out = ck_openat(im->dirfd, name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (out == -EEXIST)
-        return 0;  /* another descriptor of this process saved it */
+        return 0;  /* another descriptor or mapping of this process saved it */
     if (out < 0)
         return ck_image_fail(im, "cannot save shared memory the job holds", name, out);
-    /* a new open file description, so the job's file offset stays put */
-    ck_buf_init(&b, link, sizeof(link));
-    ck_buf_str(&b, "/proc/self/fd/");
-    ck_buf_u64(&b, (uint64_t)f->fd);
     long in = ck_open(link, O_RDONLY | O_CLOEXEC, 0);
     if (in < 0) {
         ck_close((int)out);
         return ck_image_fail(im, "cannot reopen shared memory the job holds", link, in);
     }
-    rc = ck_copy_sparse((int)in, (int)out, f->size);
+    rc = ck_copy_sparse((int)in, (int)out, size);
     if (rc == 0)
-        rc = ck_ftruncate((int)out, (int64_t)f->size);  /* the hole at the end too */
+        rc = ck_ftruncate((int)out, (int64_t)size);  /* the hole at the end too */
     ck_close((int)in);
     ck_close((int)out);
     if (rc < 0)

@@ -272,6 +272,9 @@ int ck_save_written_file(struct ck_image *im, const char *path, uint64_t *bytes)
 int ck_save_shmem_fd(struct ck_image *im, struct ck_fd *f) CK_HIDDEN;
 /* any file held open, read through a new description: PREFIX<ino>.data, holes kept */
 int ck_save_fd_contents(struct ck_image *im, struct ck_fd *f, const char *prefix) CK_HIDDEN;
+/* the contents of the file LINK opens (a /proc/self/fd or map_files link), SIZE bytes,
+ * to <prefix><ino>.data in the image directory, once */
+int ck_save_contents(struct ck_image *im, const char *link, uint64_t ino, uint64_t size, const char *prefix) CK_HIDDEN;
 struct stat;
 /* pseudo-terminals and a controlling terminal that is one (dump_pty.c) */
 int ck_is_pty(int fd, const struct stat *st) CK_HIDDEN;
@@ -281,6 +284,9 @@ int ck_dump_ctty(struct ck_image *im, struct ck_proc *p, uint64_t tty_nr, int64_
 int ck_dump_inotify(struct ck_image *im, struct ck_fd *f, const char *fdinfo, const char *target) CK_HIDDEN;
 /* an open file or directory whose name was removed, not on tmpfs (dump_deleted.c) */
 int ck_dump_deleted(struct ck_image *im, struct ck_fd *f, const char *target, const struct stat *st) CK_HIDDEN;
+struct ck_map_entry;
+/* a MAP_SHARED mapping of such a file (dump_deleted.c) */
+int ck_dump_deleted_mapping(struct ck_image *im, struct ck_vma *v, const struct ck_map_entry *e) CK_HIDDEN;
 
 /* ---- interpose.c ---- */
 void ck_interpose_init(void) CK_HIDDEN;

@@ -1,7 +1,11 @@
 """TCP sockets (native/restorer/plan_tcp.c): listeners bound to their old
 addresses; a connection between two of the job's processes made again
-with its old four addresses; one end of a connection to another rank
-rebuilt alone in repair mode; any other connection refused."""
+with its old four addresses (one half closed, FIN-WAIT-2 to CLOSE-WAIT,
+made established, then shut again after its bytes; a CLOSE-WAIT whose
+peer was closed on this host gets that end again for the moment, which is
+then closed); one end of a
+connection to another rank rebuilt alone in repair mode; any other
+connection refused."""
 
 from __future__ import annotations
 
@@ -45,6 +49,9 @@ class _Tcp:
     sndbuf: int
     data: Data | None  # the receive queue
     unsent: Data | None  # written, not yet sent
+    # a half-closed connection: 1 the peer's FIN arrived (CLOSE-WAIT), 2 this end's FIN was acknowledged
+    # (FIN-WAIT-2), 4 with 1: the peer's end was closed on this host, no process holds it
+    shutdown: int = 0
     holders: list[tuple[ProcessImage, int]] = field(default_factory=list)
     # the repair-mode state (None without CAP_NET_ADMIN): rebuilds this end alone
     repair: _Repair | None = None
@@ -61,6 +68,10 @@ class _Tcp:
     def label(self) -> str:
         p, fd = self.holders[0]
         return f"{p.label()} fd {fd}"
+
+    def show(self) -> str:
+        state = {1: " (CLOSE-WAIT)", 2: " (FIN-WAIT-2)"}.get(self.shutdown & 3, "")
+        return f"TCP connection {show_endpoint(self.local_ep)} -> {show_endpoint(self.peer_ep)}{state}"
 
 
 class TcpSockets(Kind):
@@ -87,6 +98,7 @@ class TcpSockets(Kind):
                 sndbuf=int(fd.sndbuf),
                 data=data_of(p, fd),
                 unsent=unsent,
+                shutdown=int(fd.shutdown) & 7,
                 options=options_of(p, fd),
             )
             if fd.repair:
@@ -140,20 +152,32 @@ class TcpSockets(Kind):
             if t.state != connected or t.ino in done:
                 continue
             peer = ends.get((t.peer_ep, t.local_ep))
+            closed = -1  # the slot of a peer's end made again only to be closed
             if peer is None and t.peer_ep[0] in other_ranks:
                 self._plan_repair(t, st)
                 continue
+            if peer is None and t.shutdown & 4:
+                # its peer closed, no process holds it: made again for the moment, then closed
+                peer = _Tcp(0, t.family, connected, 0, t.peer, t.local, 0, 0, 0, None, None, shutdown=2)
+                closed = slots.anon()
+                st.create.append(f"tcp {closed} 0 {t.family} 0")
+            elif peer is None and t.shutdown & 1:
+                raise PlanError(
+                    f"{t.label()}: {t.show()} was half closed by a peer outside the job (held by another "
+                    "process or on another host); only connections between the job's own processes can be restored"
+                )
             if peer is None:
                 if other_ranks:
                     raise PlanError(
-                        f"{t.label()}: TCP connection {show_endpoint(t.local_ep)} -> {show_endpoint(t.peer_ep)} "
-                        "leads outside the job (not to one of its ranks); only connections between the job's "
-                        "own processes and ranks can be restored"
+                        f"{t.label()}: {t.show()} leads outside the job (not to one of its ranks); only "
+                        "connections between the job's own processes and ranks can be restored"
                     )
                 raise PlanError(
-                    f"{t.label()}: TCP connection {show_endpoint(t.local_ep)} -> {show_endpoint(t.peer_ep)} "
-                    "leads outside the job; only connections between the job's own processes can be restored"
+                    f"{t.label()}: {t.show()} leads outside the job; only connections between the job's own "
+                    "processes can be restored"
                 )
+            if (t.shutdown & 3, peer.shutdown & 3) not in ((0, 0), (1, 2), (2, 1)):
+                raise PlanError(f"{t.label()}: corrupt image ({t.show()}, its peer's end {peer.show()})")
             done |= {t.ino, peer.ino}
             # the server end is the one on a port the job listens on (the
             # placeholder socket made for it is replaced by the accepted one)
@@ -163,7 +187,7 @@ class TcpSockets(Kind):
                 client, server = peer, t
             else:
                 client, server = (t, peer) if t.ino < peer.ino else (peer, t)
-            c, s = slots.of("tcp", client.ino), slots.of("tcp", server.ino)
+            c, s = (slots.of("tcp", end.ino) if end.ino else closed for end in (client, server))
             lslots = ",".join(str(slot) for slot in listeners_for(server.local_ep)) or "-1"
             st.connect.append(
                 f"tcppair {c} {s} {lslots} {server.family} "
@@ -177,12 +201,21 @@ class TcpSockets(Kind):
                     st.data.append(f"sockbuf {rs} 0 {max(receiver.rcvbuf, size)}")
                 # what the receiver had not read yet, then what the sender had not sent
                 st.data.extend(f"write {ss} {q.args()}" for q in queued)
+            # half closed: the FIN again, after the bytes; its peer is in CLOSE-WAIT again
+            for end, slot, other in ((client, c, s), (server, s, c)):
+                if end.shutdown & 2:
+                    st.data.append(f"tcpfin {slot}" if end.ino else f"tcpgone {slot} {other}")
 
     def _plan_repair(self, t: _Tcp, st: Steps) -> None:
         """One end of a connection to another rank: rebuilt alone, in repair
         mode, from its own saved sequence numbers and queues (its peer's rank
         does the same for the other end)."""
         r = t.repair
+        if t.shutdown:
+            raise PlanError(
+                f"{t.label()}: {t.show()} to another rank is half closed; ckptd restores a half-closed "
+                "connection only between the job's own processes"
+            )
         if r is None:
             raise PlanError(
                 f"{t.label()}: TCP connection {show_endpoint(t.local_ep)} -> {show_endpoint(t.peer_ep)} "

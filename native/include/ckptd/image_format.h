@@ -117,7 +117,9 @@ struct ck_thread {
 #define CK_VMA_VVAR 0x80         /* [vvar] and [vvar_vclock]: moved, not dumped */
 #define CK_VMA_NORESERVE 0x100
 #define CK_VMA_NOCONTENT 0x200   /* shim scratch: comes back empty */
-#define CK_VMA_DELETED 0x400     /* file gone: contents saved in full, restored anonymous */
+#define CK_VMA_DELETED 0x400     /* file gone: private, contents saved in full, restored
+                                    anonymous; with CK_VMA_SHARED (not on tmpfs), mapped
+                                    from the deleted file the restore plan makes again */
 #define CK_VMA_LOCKED 0x800
 #define CK_VMA_SHMEM 0x1000      /* MAP_SHARED of an object with no path to reopen
                                     (shared anonymous, memfd, deleted /dev/shm file):
@@ -159,6 +161,14 @@ struct ck_vma {
     int64_t mtime_ns;
     uint64_t first_run;         /* index into RUNS */
     uint64_t nruns;
+    /* CK_VMA_SHARED|CK_VMA_DELETED (issue 19: MAP_SHARED of a deleted file,
+       not on tmpfs): the file's st_mode, st_uid, st_gid, which the restore
+       plan makes it again with when no descriptor of it says them (its
+       size: file_size; its contents: files/deleted-<ino>.data) */
+    uint32_t file_mode;
+    uint32_t file_uid;
+    uint32_t file_gid;
+    uint32_t pad;
 };
 
 struct ck_page_run {
@@ -256,7 +266,11 @@ struct ck_fd {
     uint64_t peer_ino;          /* the connected peer's inode; 0: none or gone */
     uint64_t name_off;          /* bound address (sun_path bytes) in BLOB */
     uint32_t name_len;          /* 0: unnamed */
-    uint32_t shutdown;          /* 1 receive side shut, 2 send side shut */
+    uint32_t shutdown;          /* 1 receive side shut, 2 send side shut; CK_FD_TCP:
+                                   1 the peer's FIN arrived (close wait), 2 this
+                                   end's FIN was acknowledged (FIN wait 2), 4 with 1:
+                                   the peer's end was closed on this host (no
+                                   process holds it) */
     uint32_t backlog;           /* CK_SOCK_LISTEN */
     uint32_t nqueued;           /* messages in data: dgram/seqpacket records are a
                                    little-endian uint32 length, then the bytes; a
