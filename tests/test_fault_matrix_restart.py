@@ -143,6 +143,7 @@ def test_daemon_hung_during_a_restart(ckptd: Ckptd, tmp_path: Path, fault_job: s
     kill(hung)
     err = one_line(p, 30)
     assert "coordinator" in err or "daemon" in err, err
+    cell.wait_daemon_gone()  # (a loaded machine can take a moment: the next one must not find it still there)
     ckptd.start_daemon()
     if phase == "release":
         cell.wait_state("running", "failed")
