@@ -198,6 +198,7 @@ def run_local(home: Home, idle_exit_s: float, metrics: str = "", exit_with: int 
     caddr = bind(cserver, f"unix:{home.coordinator_socket}")
     aserver = make_server()
     aaddr = bind(aserver, f"unix:{home.agent_socket(node)}")
+    coordinator.nodes.in_process.add(aaddr)
     agent = AgentNode(home, node, aaddr, caddr)
     pb_grpc.add_AgentServicer_to_server(AgentService(agent, policy), aserver)
     cserver.start()

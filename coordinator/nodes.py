@@ -5,6 +5,9 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
 
 from ckptd.errors import CkptdError, Code
 from ckptd.jobstate import FINAL, JobState
@@ -34,6 +37,29 @@ class NodeRegistry:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.nodes: dict[str, Node] = {}
+        # agents served by this very process (ckptd/daemon.py run_local): one that hangs hangs us
+        # too, so a late heartbeat from one is load, not a hang (call_while_alive)
+        self.in_process: set[str] = set()
+
+    def call_while_alive(self, node: Node, method: Any, request: Any, timeout: float, *, what: str, doing: str) -> Any:
+        """A unary call to node's agent that fails once the node stops sending
+        heartbeats (an agent stopped, or its host frozen: nothing answers, and
+        without this the caller waits out timeout, hours for a restore)."""
+        future = method.future(request, timeout=timeout)
+        while True:
+            try:
+                return future.result(timeout=HEARTBEAT_S)
+            except grpc.FutureTimeoutError:
+                if node.alive or node.address in self.in_process:
+                    continue
+                future.cancel()
+                raise CkptdError(
+                    Code.UNAVAILABLE,
+                    f"{what} stopped answering {doing} (no heartbeat for {time.monotonic() - node.last_seen:.0f} s); "
+                    "`ckptctl nodes` shows when it is back, `ckptctl status` where the job stands then",
+                ) from None
+            except grpc.RpcError as e:
+                raise CkptdError.from_rpc(e, what) from None
 
     def register(self, name: str, address: str, ip: str = "", health: pb.NodeHealth | None = None) -> None:
         with self.lock:

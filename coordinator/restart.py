@@ -145,7 +145,8 @@ def restart_job(
         assert node.stub is not None
         with registry.lock:
             record.status.operation = f"restart from {checkpoint.name} on {node.name}"
-        status = call(
+        status = nodes.call_while_alive(  # an agent that hangs fails the restart, not after hours
+            node,
             node.stub.Restore,
             pb.RestoreRequest(
                 spec=record.spec,
@@ -154,7 +155,8 @@ def restart_job(
                 lazy=request.lazy,
             ),
             LONG_RPC_S,
-            f"agent on {node.name}",
+            what=f"agent on {node.name}",
+            doing=f"during the restart of job {record.name}",
         )
         registry.update(record, status, node.name)
         registry.save(record)

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import re
 import shutil
+import struct
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -228,3 +230,66 @@ def test_upload_to_failing_shared_storage(ckptd: Ckptd, store: faultfs.FaultFS, 
     ckptd.ctl("restart", "j")
     assert ckptd.wait("j") == 0
     assert ckptd.log("j", "stdout") == plain.stdout
+
+
+# ---- the job's output while its storage fails ----
+
+# lines of 100 bytes, one write(2) each (print may split off its "\n"): the
+# relay's chunks are whole lines, and a chunk is lost whole or not at all
+CHATTY = """
+import os, sys, time
+for i in range(int(sys.argv[1])):
+    os.write(1, f"line {i:06d} {'x' * 87}\\n".encode())
+    time.sleep(0.004)
+"""
+LOG_PROMISE = (
+    "the job runs on; `ckptctl logs` shows exactly the lines written before the failure, then those written "
+    "once the storage is back, whole; output.log and output.idx stay one another's image"
+)
+
+
+def log_and_index_agree(log: bytes, index: bytes) -> None:
+    """Every record of the index follows the one before, and together they cover the log."""
+    assert len(index) % 16 == 0, f"a cut record: {len(index)} index bytes"
+    offset = 0
+    for i in range(0, len(index), 16):
+        at, length, _stream = struct.unpack("<QII", index[i : i + 16])
+        assert at == offset, f"record {i // 16} at {at}, the log's bytes so far end at {offset}"
+        offset += length
+    assert offset == len(log), f"the index covers {offset} bytes, the log holds {len(log)}"
+
+
+@pytest.mark.parametrize(
+    ("err", "target"),
+    [
+        pytest.param(
+            e, t, id=f"{e}-{t}",
+            marks=faultmatrix.cell(f"storage {NAMES[e]} ({e}) under output.{t}", "any", LOG_PROMISE),
+        )
+        for e, t in (("ENOSPC", "log"), ("EIO", "log"), ("EIO", "idx"))
+    ],
+)  # fmt: skip
+def test_output_on_failing_storage(ckptd: Ckptd, store: faultfs.FaultFS, tmp_path: Path, err: str, target: str) -> None:
+    script = tmp_path / "chatty.py"
+    script.write_text(CHATTY)
+    argv = [PYTHON, str(script), "800"]
+    plain = run_plain(argv)
+    ckptd.launch("j", argv, "--ckpt-dir", str(store.mountpoint))
+    ckptd.wait_log("j", r"^line 000050 ")
+    # a few lines in, a write cut short mid-line, then every write fails until the storage is back
+    store.set(err, pattern=f"/j/output.{target}", after_bytes=1037 if target == "log" else 165)
+    deadline = time.monotonic() + 30
+    while len(store.injected()) < 3:
+        assert time.monotonic() < deadline, "the fault never landed"
+        time.sleep(0.02)
+    store.set(None)
+    assert ckptd.wait("j") == 0
+    log = (store.root / "j" / "output.log").read_bytes()
+    log_and_index_agree(log, (store.root / "j" / "output.idx").read_bytes())
+    shown = ckptd.log("j", "stdout")
+    assert shown == log.decode()
+    # the plain run's lines, less one run of them: those written while the storage failed
+    want, got = plain.stdout.splitlines(keepends=True), shown.splitlines(keepends=True)
+    assert got[-1] == want[-1] and len(got) < len(want)
+    first = next(i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b)
+    assert got[first:] == want[len(want) - (len(got) - first) :], got[first - 1 : first + 2]

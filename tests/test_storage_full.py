@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import faultmatrix
 import pytest
 from conftest import PYTHON, Ckptd
 
@@ -50,6 +51,11 @@ def fill(mnt: Path) -> Path:
     return filler
 
 
+@faultmatrix.cell(
+    "storage fills up (a full tmpfs) under output.log",
+    "any",
+    "the job runs on; the log and its index agree; `ckptctl logs` shows every byte the log kept, in order",
+)
 def test_log_and_index_agree_after_the_disk_filled_up(ckptd: Ckptd, small_disk: Path, tmp_path: Path) -> None:
     script = tmp_path / "chatty.py"
     script.write_text(CHATTY)

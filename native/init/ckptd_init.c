@@ -376,23 +376,36 @@ static void run_reaper(const struct options *o, int out_w, int err_w, int status
 struct relay {
     int log_fd, index_fd;
     uint64_t log_size, index_size;
+    int cut_pending;  /* a failed chunk's written part is still there: no chunk goes after it (cut_back) */
     int pipes[2];     /* read ends: stdout, stderr; -1 at EOF */
     uint64_t pipe_ino[2];  /* their inodes: how a checkpoint recognises them in the job */
 };
 
+/* The log and its index back to the sizes of the last whole chunk: 0 while
+ * the storage refuses even that (EIO; shrinking needs no space, so a full
+ * disk never does), and then it is tried again before each next chunk. */
+static int cut_back(struct relay *r)
+{
+    int log_cut = ftruncate(r->log_fd, (off_t)r->log_size) == 0;
+    int index_cut = ftruncate(r->index_fd, (off_t)r->index_size) == 0;
+    r->cut_pending = !(log_cut && index_cut);
+    return !r->cut_pending;
+}
+
 static void relay_chunk(struct relay *r, int stream, const char *buf, size_t n)
 {
     struct index_record rec = {r->log_size, (uint32_t)n, (uint32_t)stream};
+    /* storage that failed a chunk: the chunks until it takes the cut are lost
+     * too, never written after a part of that one (O_APPEND: they would land
+     * past bytes no record covers, or after half a record, and every later
+     * record would point into the wrong bytes) */
+    if (r->cut_pending && !cut_back(r))
+        return;
     if (write_all(r->log_fd, buf, n) < 0 || write_all(r->index_fd, &rec, sizeof(rec)) < 0) {
-        /* disk full: this chunk is lost, the job goes on, and the log and its
-         * index stay one another's image: a part written before the error
-         * is cut off again (both are O_APPEND: the next chunk goes there) */
-        struct stat st;
-        if (ftruncate(r->log_fd, (off_t)r->log_size) < 0 && fstat(r->log_fd, &st) == 0)
-            r->log_size = (uint64_t)st.st_size;  /* not cut: the next record starts past it */
-        if (ftruncate(r->index_fd, (off_t)r->index_size) < 0) {
-            /* shrinking a file needs no space: nothing else to do */
-        }
+        /* disk full or failing: this chunk is lost, the job goes on, and the
+         * log and its index stay one another's image: a part written before
+         * the error is cut off again */
+        cut_back(r);
         return;
     }
     r->log_size += n;
@@ -430,6 +443,8 @@ static void answer_control(struct relay *r, int client)
         for (int i = 0; i < 2; i++)
             if (r->pipes[i] >= 0)
                 relay_pipe(r, i);
+        if (r->cut_pending)
+            cut_back(r);  /* the sizes below are the whole chunks': the files too, if the storage lets us */
         fdatasync(r->log_fd);
         fdatasync(r->index_fd);
         snprintf(reply, sizeof(reply), "OK log=%llu index=%llu stdout_ino=%llu stderr_ino=%llu\n",
@@ -542,6 +557,7 @@ int main(int argc, char **argv)
     unlink(o.exit_file);
     r.log_fd = open_append(o.log, &r.log_size);
     r.index_fd = open_append(o.index, &r.index_size);
+    r.cut_pending = 0;
     int ctl = listen_control(o.control);
     if (pipe2(out, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0 || pipe2(st, O_CLOEXEC) < 0)
         die("pipe");
@@ -627,6 +643,8 @@ int main(int argc, char **argv)
         if (reaper_done && r.pipes[0] < 0 && r.pipes[1] < 0)
             break;
     }
+    if (r.cut_pending)
+        cut_back(&r);  /* the storage may be back: leave the two agreeing */
     write_exit_file(o.exit_file, status);
     close(ctl);
     unlink(o.control);

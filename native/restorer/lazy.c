@@ -233,6 +233,8 @@ static void finish(void)
     ck_exit_group(0);
 }
 
+static void image_unreadable(uint64_t src) __attribute__((noreturn));
+
 /* [dst, dst+len) filled: UFFDIO_COPY from src, straight from the page
  * cache (no copy through a buffer), or with src 0 UFFDIO_ZEROPAGE.
  * 0: done (filled, or no longer ours to fill: a page already there, a
@@ -266,6 +268,8 @@ static long fill(uint64_t dst, uint64_t len, uint64_t src)
         }
         if (rc == -ESRCH)
             finish();  /* the process is gone: nothing left to fill */
+        if (rc == -EFAULT && src)
+            image_unreadable(src + done);  /* the image's page could not be read in from storage */
         if (rc != -EEXIST && rc != -ENOENT && rc != -EINVAL)
             rst_fail("cannot fill memory for a lazy restore", 0, rc);
         if (rc != -EEXIST && len - done > CK_PAGE_SIZE) {
@@ -284,8 +288,31 @@ static long fill(uint64_t dst, uint64_t len, uint64_t src)
  * back right after. */
 static struct {
     uint64_t base[CK_MAX_SOURCES + 1], size[CK_MAX_SOURCES + 1];
+    int fd[CK_MAX_SOURCES + 1];  /* the image each mapping is of (image_unreadable) */
     uint32_t n;
 } clear;
+
+/* A copy from a memory image's mapping failed with EFAULT: storage that
+ * returns EIO, or that went away, under a page not yet read in.  The job
+ * cannot run on without that page: fail, naming the image and the error
+ * a read of that very byte gets (the copy only says EFAULT). */
+static void image_unreadable(uint64_t src)
+{
+    uint32_t i = 0;
+    while (i < clear.n && !(src >= clear.base[i] && src < clear.base[i] + clear.size[i]))
+        i++;
+    char byte;
+    long rc = i < clear.n ? ck_pread(clear.fd[i], &byte, 1, src - clear.base[i]) : -EFAULT;
+    char what[1200];
+    struct ck_buf b;
+    ck_buf_init(&b, what, sizeof(what));
+    ck_buf_str(&b, "cannot read the memory image ");
+    ck_buf_str(&b, rst.image_dir);
+    ck_buf_str(&b, i ? "'s source (an earlier checkpoint's pages.img)" : "/pages.img");
+    ck_buf_str(&b, " for a lazy restore; its storage failed");
+    ck_buf_char(&b, 0);
+    rst_fail(what, 0, rc < 0 ? rc : -EFAULT);
+}
 
 static long fill_from(uint64_t dst, uint64_t len, uint64_t src)
 {
@@ -401,6 +428,7 @@ void rst_serve_lazy(void)
                                : ck_mmap(0, size, PROT_READ, MAP_SHARED, fd, 0);
         clear.base[i] = (uint64_t)m;
         clear.size[i] = size;
+        clear.fd[i] = fd;
         clear.n = (uint32_t)i + 1;
         if (ck_mmap_failed(m))
             rst_fail("cannot map a memory image for the lazy restore", 0, (long)m);
