@@ -59,6 +59,7 @@ def save(host_pid: int, directory: Path, encrypted: bool = False) -> None:
         capture_output=True,
         text=True,
         check=False,
+        cwd="/",  # python -m looks in the working directory first: a source tree there would shadow ckptd
     )
     if r.returncode != 0:
         why = (r.stderr.strip().splitlines() or ["no message"])[-1]
@@ -87,6 +88,7 @@ def remove_destroyed(host_pid: int, directory: Path) -> None:
         capture_output=True,
         text=True,
         check=False,
+        cwd="/",  # python -m looks in the working directory first: a source tree there would shadow ckptd
     )
     if r.returncode != 0:
         why = (r.stderr.strip().splitlines() or ["no message"])[-1]
