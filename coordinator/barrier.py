@@ -140,7 +140,12 @@ class CheckpointRound:
         to rpc.FAN_OUT); the first failure (by rank) is raised after all have
         answered, naming the rank."""
         targets = list(stubs)
-        answers = call_many([(getattr(stubs[t], method), make(t), timeout, f"agent on {t.node}") for t in targets])
+        answers = call_many(
+            [(getattr(stubs[t], method), make(t), timeout, f"agent on {t.node}") for t in targets],
+            # an agent that stops (or whose host freezes) fails the round once its heartbeats stop,
+            # not after the phase's timeout (hours for a dump): the other ranks are parked meanwhile
+            lambda i: self.nodes.stopped_answering(targets[i].node, f"agent on {targets[i].node}", method),
+        )
         for t, a in zip(targets, answers, strict=True):
             if isinstance(a, CkptdError):
                 prefix = f"{t.label}: " if self.record.ranks else ""

@@ -50,16 +50,26 @@ class NodeRegistry:
             try:
                 return future.result(timeout=HEARTBEAT_S)
             except grpc.FutureTimeoutError:
-                if node.alive or node.address in self.in_process:
+                why = self.stopped_answering(node.name, what, doing)
+                if why is None:
                     continue
                 future.cancel()
-                raise CkptdError(
-                    Code.UNAVAILABLE,
-                    f"{what} stopped answering {doing} (no heartbeat for {time.monotonic() - node.last_seen:.0f} s); "
-                    "`ckptctl nodes` shows when it is back, `ckptctl status` where the job stands then",
-                ) from None
+                raise CkptdError(Code.UNAVAILABLE, why) from None
             except grpc.RpcError as e:
                 raise CkptdError.from_rpc(e, what) from None
+
+    def stopped_answering(self, name: str, what: str, doing: str) -> str | None:
+        """Why a call to node name's agent must not be waited for any longer
+        (it sends no heartbeats: stopped, or its host frozen), or None.  An
+        agent served by this very process never counts: its late heartbeat is
+        this process's own load."""
+        node = self.nodes.get(name)
+        if node is None or node.alive or node.address in self.in_process:
+            return None
+        return (
+            f"{what} stopped answering {doing} (no heartbeat for {time.monotonic() - node.last_seen:.0f} s); "
+            "`ckptctl nodes` shows when it is back, `ckptctl status` where the job stands then"
+        )
 
     def register(self, name: str, address: str, ip: str = "", health: pb.NodeHealth | None = None) -> None:
         with self.lock:
