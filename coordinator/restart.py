@@ -247,7 +247,8 @@ def _restart_ranks(
     def restore(r: RankRecord) -> pb.JobStatus:
         stub = nodes.live_stub(r.node, record.name)
         try:
-            return call(
+            return nodes.call_while_alive(  # an agent that hangs fails the restart, not after hours
+                nodes.get(r.node),
                 stub.Restore,
                 pb.RestoreRequest(
                     spec=rank_spec(record.spec, ranks, r, ips),
@@ -256,7 +257,8 @@ def _restart_ranks(
                     hold=True,
                 ),
                 LONG_RPC_S,
-                f"agent on {r.node}",
+                what=f"agent on {r.node}",
+                doing=f"during the restart of job {record.name}",
             )
         except CkptdError as e:
             raise CkptdError(e.code, f"rank {r.rank} on {r.node}: {e.message}") from None
