@@ -52,6 +52,13 @@ def test_sem_undo_cleared_by_another_refused(ckptd: Ckptd, sysv_ipc: str) -> Non
     assert_refused(ckptd, "sysv-setval", "SEM_UNDO", "semaphore set")
 
 
+def test_sem_undo_then_exec_refused(ckptd: Ckptd, sysv_ipc: str) -> None:
+    """The kernel keeps the adjustments over an exec; the shim's record of them is lost with the old program."""
+    ckptd.launch("sysv-exec", [sysv_ipc, "300", "exec"])
+    ckptd.wait_log("sysv-exec", r"^step 2 ok")
+    assert_refused(ckptd, "sysv-exec", "SEM_UNDO", "exec")
+
+
 @pytest.mark.serial  # the unprivileged fixture opens directories to another user
 def test_shared_memory_without_root_refused(unprivileged: Ckptd, sysv_ipc: str) -> None:
     """A job in a user namespace shares the host's IPC namespace: its segments are not its own to save."""

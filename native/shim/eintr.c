@@ -56,6 +56,7 @@
  */
 #include "shim.h"
 #include "../common/sys.h"
+#include "../common/util.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -614,20 +615,58 @@ long ck_eintr_futex(long uaddr, long op, long val, long timeout, long a4, long a
  * adjustment began (agent/sysv_ipc.py).  Fixed tables: no malloc in a
  * signal handler; a full table marks the process, refused at checkpoint.
  * A forked child starts without adjustments (shim.c calls
- * ck_sem_undo_after_fork). */
+ * ck_sem_undo_after_fork).  An exec keeps the kernel's adjustments but not
+ * these tables: the job's environment holds CKPTD_SEM_UNDO=0 (agent/
+ * runtime.py), whose digit the shim sets in place to 1 while the process
+ * has adjustments, so a program exec'd with that environment starts marked
+ * and is refused at checkpoint (a vfork child's exec inherits the parent's
+ * mark: refused too, though it has none). */
 #define UNDO_MAX 256
 #define CLEAR_MAX 64
 static struct ck_sem_undo undo[UNDO_MAX];  /* kind CK_SEM_UNDO_ADJ, adj 0: a free slot */
 static struct ck_sem_undo clears[CLEAR_MAX];  /* kind CK_SEM_UNDO_CLEAR, semid -1: a free slot */
 static volatile int undo_lock;
 volatile int ck_sem_undo_used;  /* 1: a table was full (an adjustment not known) */
+static int undo_before_exec;    /* CKPTD_SEM_UNDO was 1 at start: adjustments from before an exec */
+static char *undo_mark;         /* the digit of CKPTD_SEM_UNDO in the environment, or 0 */
 
-static void undo_take(void)
+void ck_sem_undo_init(void)
 {
+    extern char **environ;
+    static const char name[] = "CKPTD_SEM_UNDO=";
+    for (char **e = environ; e && *e; e++)
+        if (!ck_strncmp(*e, name, sizeof(name) - 1) && (*e)[sizeof(name) - 1] && !(*e)[sizeof(name)]) {
+            undo_mark = *e + sizeof(name) - 1;
+            undo_before_exec = *undo_mark == '1';
+        }
+}
+
+/* with the lock held: the mark says whether an exec now would lose adjustments */
+static void undo_marked(void)
+{
+    int any = ck_sem_undo_used || undo_before_exec;
+    for (int k = 0; k < UNDO_MAX && !any; k++)
+        any = undo[k].adj != 0;
+    if (undo_mark)
+        *undo_mark = any ? '1' : '0';
+}
+
+/* every signal blocked while the tables change: neither a handler's semop
+ * nor a checkpoint (whose quiesce signal parks threads where they are, and
+ * whose dump takes the lock) can find the lock held by its own thread or
+ * by a parked one */
+static void undo_take(uint64_t *old)
+{
+    uint64_t all = ~0ull;
+    ck_sigprocmask(SIG_BLOCK, &all, old);
     while (__atomic_exchange_n(&undo_lock, 1, __ATOMIC_ACQUIRE))
         ;
 }
-static void undo_give(void) { __atomic_store_n(&undo_lock, 0, __ATOMIC_RELEASE); }
+static void undo_give(const uint64_t *old)
+{
+    __atomic_store_n(&undo_lock, 0, __ATOMIC_RELEASE);
+    ck_sigprocmask(SIG_SETMASK, old, 0);
+}
 
 void ck_sem_undo_after_fork(void)
 {
@@ -635,13 +674,20 @@ void ck_sem_undo_after_fork(void)
     __builtin_memset(clears, 0, sizeof(clears));
     undo_lock = 0;
     ck_sem_undo_used = 0;
+    undo_before_exec = 0;
+    if (undo_mark)
+        *undo_mark = '0';
 }
 
 static void note_undo(int id, const struct sembuf *ops, size_t n, int rc, int64_t before)
 {
-    if (rc != 0)
-        return;
-    undo_take();
+    size_t undoing = 0;
+    for (size_t i = 0; rc == 0 && i < n; i++)
+        undoing += (ops[i].sem_flg & SEM_UNDO) && ops[i].sem_op;
+    if (!undoing)
+        return;  /* no lock, no signal mask: the common semop costs nothing more */
+    uint64_t mask;
+    undo_take(&mask);
     for (size_t i = 0; i < n; i++) {
         if (!(ops[i].sem_flg & SEM_UNDO) || !ops[i].sem_op)
             continue;
@@ -664,7 +710,8 @@ static void note_undo(int id, const struct sembuf *ops, size_t n, int rc, int64_
         }
         u->adj -= ops[i].sem_op;  /* 0 again: the slot is free */
     }
-    undo_give();
+    undo_marked();
+    undo_give(&mask);
 }
 
 /* semctl's SETVAL (semnum) or SETALL (semnum -1) cleared the set's
@@ -672,7 +719,8 @@ static void note_undo(int id, const struct sembuf *ops, size_t n, int rc, int64_
 static void note_clear(int id, int semnum)
 {
     int64_t now = ck_now_ns(CLOCK_MONOTONIC);
-    undo_take();
+    uint64_t mask;
+    undo_take(&mask);
     for (int k = 0; k < UNDO_MAX; k++)
         if (undo[k].adj && undo[k].semid == id && (semnum < 0 || undo[k].semnum == semnum))
             undo[k].adj = 0;
@@ -691,7 +739,8 @@ static void note_clear(int id, int semnum)
         c->semnum = -1;
         c->ns = now;
     }
-    undo_give();
+    undo_marked();
+    undo_give(&mask);
 }
 
 CK_EXPORT int semop(int id, struct sembuf *ops, size_t n)
@@ -736,20 +785,25 @@ CK_EXPORT int semctl(int id, int semnum, int cmd, ...)
 /* this process's adjustments and clears, for its image (dump.c) */
 int ck_dump_sem_undo(struct ck_image *im)
 {
+    if (undo_before_exec)
+        return ck_image_fail(im, "the process exec'd while it held System V semaphore undo adjustments (SEM_UNDO, "
+                                 "or its parent did, before a vfork): ckptd's record of them does not survive an exec",
+                             0, 0);
     if (ck_sem_undo_used)
         return ck_image_fail(im, "the process changed System V semaphores with SEM_UNDO on more than "
                                  "256 semaphores (or cleared more than 64 sets): ckptd cannot track their undo "
                                  "adjustments", 0, 0);
     struct ck_sem_undo list[UNDO_MAX + CLEAR_MAX];
     uint32_t n = 0;
-    undo_take();
+    uint64_t mask;
+    undo_take(&mask);
     for (int k = 0; k < UNDO_MAX; k++)
         if (undo[k].adj)
             list[n++] = undo[k];
     for (int k = 0; k < CLEAR_MAX; k++)
         if (clears[k].kind)
             list[n++] = clears[k];
-    undo_give();
+    undo_give(&mask);
     im->proc.nsemundo = n;
     if (n) {
         im->proc.semundo_off = ck_table_bytes_append(&im->blob, list, (size_t)n * sizeof(list[0]));

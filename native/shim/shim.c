@@ -571,6 +571,7 @@ __attribute__((constructor)) static void ck_shim_init(void)
     if (ck_quiesce_install(ck_shim.quiesce_signal) < 0)
         return;
     ck_shim.active = 1;
+    ck_sem_undo_init();
     const char *uring = getenv("CKPTD_ALLOW_IO_URING");
     ck_shim.hide_io_uring = !(uring && uring[0] == '1');
     const char *track = getenv("CKPTD_TRACK");

@@ -21,6 +21,10 @@
  *   sysv_ipc STEPS setval a child's SEM_UNDO change, then the parent's SETVAL
  *                         on the set (which clears the child's adjustment in
  *                         the kernel, unseen by the child's shim): refused
+ *   sysv_ipc STEPS exec   a semaphore changed with SEM_UNDO, then an exec of
+ *                         this program (case "after-exec", which runs the
+ *                         steps): the adjustment outlives the shim's record
+ *                         of it, refused
  * Every object is IPC_PRIVATE and removed at the end, so the uninterrupted
  * run (in the host's IPC namespace) leaves nothing behind.
  */
@@ -376,6 +380,14 @@ int main(int argc, char **argv)
     } else if (!strcmp(what, "undo") || !strcmp(what, "setval")) {
         undo_setup(!strcmp(what, "setval"));
         check = undo_check;
+    } else if (!strcmp(what, "exec")) {
+        sems = semget(IPC_PRIVATE, 1, 0600);
+        struct sembuf up = {0, 1, SEM_UNDO};
+        CHECK(sems >= 0 && semop(sems, &up, 1) == 0, "semget, semop SEM_UNDO");
+        execl("/proc/self/exe", argv[0], argv[1], "after-exec", (char *)0);
+        CHECK(0, "exec");
+    } else if (!strcmp(what, "after-exec")) {
+        check = nothing;
     } else if (!strcmp(what, "msg")) {
         msg_setup();
         check = msg_check;
