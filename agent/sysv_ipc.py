@@ -92,10 +92,11 @@ def check_sem_undo(directory: Path, dirs: list[str]) -> None:
             else:
                 clears.append((u["semid"], u["ns"], who))
     for (semid, ns, who), (cleared, at, by) in itertools.product(begun, clears):
-        if semid == cleared and at > ns and by != who:
+        if cleared in (semid, -1) and at > ns and by != who:
+            which = f"set {semid}" if cleared >= 0 else f"set {semid} (or another of many)"
             raise CkptdError(
                 Code.FAILED_PRECONDITION,
-                f"{by} set or removed System V semaphore set {semid} after {who} changed it with SEM_UNDO: "
+                f"{by} set or removed System V semaphore {which} after {who} changed it with SEM_UNDO: "
                 "ckptd cannot know that process's undo adjustment now",
             )
 

@@ -613,7 +613,8 @@ long ck_eintr_futex(long uaddr, long op, long val, long timeout, long a4, long a
  * time of its last clear of a set (taken after the semctl); the agent
  * refuses a checkpoint where a clear came after another process's
  * adjustment began (agent/sysv_ipc.py).  Fixed tables: no malloc in a
- * signal handler; a full table marks the process, refused at checkpoint.
+ * signal handler; a full table of adjustments marks the process, refused
+ * at checkpoint.
  * A forked child starts without adjustments (shim.c calls
  * ck_sem_undo_after_fork).  An exec keeps the kernel's adjustments but not
  * these tables: the job's environment holds CKPTD_SEM_UNDO=0 (agent/
@@ -624,7 +625,7 @@ long ck_eintr_futex(long uaddr, long op, long val, long timeout, long a4, long a
 #define UNDO_MAX 256
 #define CLEAR_MAX 64
 static struct ck_sem_undo undo[UNDO_MAX];  /* kind CK_SEM_UNDO_ADJ, adj 0: a free slot */
-static struct ck_sem_undo clears[CLEAR_MAX];  /* kind CK_SEM_UNDO_CLEAR, semid -1: a free slot */
+static struct ck_sem_undo clears[CLEAR_MAX];  /* kind CK_SEM_UNDO_CLEAR; kind 0: a free slot */
 static volatile int undo_lock;
 volatile int ck_sem_undo_used;  /* 1: a table was full (an adjustment not known) */
 static int undo_before_exec;    /* CKPTD_SEM_UNDO was 1 at start: adjustments from before an exec */
@@ -724,21 +725,26 @@ static void note_clear(int id, int semnum)
     for (int k = 0; k < UNDO_MAX; k++)
         if (undo[k].adj && undo[k].semid == id && (semnum < 0 || undo[k].semnum == semnum))
             undo[k].adj = 0;
-    struct ck_sem_undo *c = 0, *free_slot = 0;
-    for (int k = 0; k < CLEAR_MAX && !c; k++)
+    /* clears[0]: the latest of the clears evicted from a full table, for
+     * any set (semid -1), so that many sets cost a refusal only where one
+     * of them could hide a clear from another process */
+    struct ck_sem_undo *c = 0, *slot = 0;
+    for (int k = 1; k < CLEAR_MAX && !c; k++)
         if (clears[k].kind && clears[k].semid == id)
             c = &clears[k];
-        else if (!clears[k].kind && !free_slot)
-            free_slot = &clears[k];
-    if (!c && !free_slot) {
-        ck_sem_undo_used = 1;
-    } else {
-        c = c ? c : free_slot;
-        c->kind = CK_SEM_UNDO_CLEAR;
-        c->semid = id;
-        c->semnum = -1;
-        c->ns = now;
+        else if (!slot || (slot->kind && (!clears[k].kind || clears[k].ns < slot->ns)))
+            slot = &clears[k];  /* a free slot, else the oldest */
+    if (!c) {
+        c = slot;
+        if (c->kind && c->ns > clears[0].ns) {
+            clears[0] = *c;
+            clears[0].semid = -1;
+        }
     }
+    c->kind = CK_SEM_UNDO_CLEAR;
+    c->semid = id;
+    c->semnum = -1;
+    c->ns = now;
     undo_marked();
     undo_give(&mask);
 }
@@ -790,9 +796,8 @@ int ck_dump_sem_undo(struct ck_image *im)
                                  "or its parent did, before a vfork): ckptd's record of them does not survive an exec",
                              0, 0);
     if (ck_sem_undo_used)
-        return ck_image_fail(im, "the process changed System V semaphores with SEM_UNDO on more than "
-                                 "256 semaphores (or cleared more than 64 sets): ckptd cannot track their undo "
-                                 "adjustments", 0, 0);
+        return ck_image_fail(im, "the process changed more than 256 System V semaphores with SEM_UNDO: "
+                                 "ckptd cannot track that many undo adjustments", 0, 0);
     struct ck_sem_undo list[UNDO_MAX + CLEAR_MAX];
     uint32_t n = 0;
     uint64_t mask;

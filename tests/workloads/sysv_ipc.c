@@ -17,7 +17,8 @@
  *   sysv_ipc STEPS undo   semaphores changed with SEM_UNDO by the parent and
  *                         two children; at the last step the children exit
  *                         one by one and the kernel undoes their changes: the
- *                         values after each exit are checked
+ *                         values after each exit are checked (70 sets set
+ *                         and removed before: no refusal for those)
  *   sysv_ipc STEPS setval a child's SEM_UNDO change, then the parent's SETVAL
  *                         on the set (which clears the child's adjustment in
  *                         the kernel, unseen by the child's shim): refused
@@ -224,6 +225,10 @@ static pid_t undo_child(int which, short d0, short d1)
 
 static void undo_setup(int setval)
 {
+    for (int i = 0; i < 70; i++) {  /* more sets set and removed than the shim's table of clears holds */
+        int other = semget(IPC_PRIVATE, 1, 0600);
+        CHECK(other >= 0 && semctl(other, 0, SETVAL, 1) == 0 && semctl(other, 0, IPC_RMID) == 0, "a set");
+    }
     sems = semget(IPC_PRIVATE, 3, 0600);
     CHECK(sems >= 0, "semget");
     unsigned short init[3] = {5, 2, 0};

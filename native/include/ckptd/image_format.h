@@ -510,7 +510,8 @@ struct ck_posix_timer {
    semnum), non-zero, made again by the restorer with a semop of -adj with
    SEM_UNDO (restorer/semundo.c) on a set the plan made adj higher;
    ns: CLOCK_MONOTONIC when it became non-zero.  CK_SEM_UNDO_CLEAR: the
-   process's last SETVAL, SETALL or IPC_RMID of set semid at ns, which clears
+   process's last SETVAL, SETALL or IPC_RMID of set semid (-1: of any set,
+   the latest of those a full table dropped) at ns, which clears
    every process's adjustments in the kernel: the agent refuses a
    checkpoint where one came after another process's adjustment began. */
 #define CK_SEM_UNDO_ADJ 1
