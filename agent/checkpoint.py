@@ -492,6 +492,7 @@ class Checkpointer:
                 raise errors[0]
             resp = pb.DumpResponse(processes=[f.result() for f in futures])
             # the objects of the job's own IPC namespace, once for the job, still parked
+            sysv_ipc.check_sem_undo(Path(request.dir), [p.dir for p in resp.processes])
             sysv_ipc.save(conns[0].host_pid, Path(request.dir), encrypted=key is not None)
         self._writing[job.name] = list(conns)
         relay = job.drain_output()

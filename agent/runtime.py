@@ -269,6 +269,7 @@ class JobRuntime:
         env["LD_PRELOAD"] = f"{preload}:{old}" if old else preload
         env["CKPTD_JOB"] = self.name
         env["CKPTD_SHIM_SOCKET"] = str(self.shim_socket)
+        env["CKPTD_SEM_UNDO"] = "0"  # the shim sets it to 1 in place while an exec would lose SEM_UNDO adjustments
         if self.owner.switch:
             env.update(self.owner.env())
         return env

@@ -19,6 +19,7 @@ change namespace.
 from __future__ import annotations
 
 import ctypes
+import itertools
 import json
 import os
 import shutil
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptd.errors import CkptdError, Code
+from ckptd.image.core import CoreImage, constant
 
 DIR = "sysv-ipc"
 CLONE_NEWIPC = 0x08000000
@@ -71,6 +73,33 @@ def save(host_pid: int, directory: Path, encrypted: bool = False) -> None:
             Code.FAILED_PRECONDITION,
             "the job holds System V IPC objects, which ckptd does not encrypt yet: checkpoint it without --encrypt",
         )
+
+
+def check_sem_undo(directory: Path, dirs: list[str]) -> None:
+    """Refuse a checkpoint whose SEM_UNDO adjustments the shims cannot know:
+    a SETVAL, SETALL or IPC_RMID clears every process's adjustments on the
+    set in the kernel, but only the caller's shim sees it (native/shim/eintr.c).
+    A clear that came after another process's adjustment began leaves that
+    process's shim with an adjustment the kernel no longer has."""
+    adj = constant("CK_SEM_UNDO_ADJ")
+    clears: list[tuple[int, int, str]] = []  # (semid, when, by whom) of each process's last clear of a set
+    begun: list[tuple[int, int, str]] = []  # (semid, when, whose) of every adjustment
+    for d in dirs:
+        core = CoreImage.load(directory / d / "core.img")
+        who = f"pid {int(core.proc.pid)} in the job ({core.string(core.proc.exe) or '?'})"
+        for u in core.sem_undo():
+            if u["kind"] == adj:
+                begun.append((u["semid"], u["ns"], who))
+            else:
+                clears.append((u["semid"], u["ns"], who))
+    for (semid, ns, who), (cleared, at, by) in itertools.product(begun, clears):
+        if cleared in (semid, -1) and at > ns and by != who:
+            which = f"set {semid}" if cleared >= 0 else f"set {semid} (or another of many)"
+            raise CkptdError(
+                Code.FAILED_PRECONDITION,
+                f"{by} set or removed System V semaphore {which} after {who} changed it with SEM_UNDO: "
+                "ckptd cannot know that process's undo adjustment now",
+            )
 
 
 def remove_destroyed(host_pid: int, directory: Path) -> None:

@@ -1,6 +1,7 @@
 """System V IPC comes back exactly (issue 19): shared memory segments with
 their contents, attached by two processes (read-write, read-only, in part),
-semaphore sets with their values and a waiter, message queues with messages
+semaphore sets with their values, a waiter and the SEM_UNDO adjustments of
+several processes, message queues with messages
 of several types in order and their size; every object under its old id, in
 the job's own IPC namespace.  tests/workloads/sysv_ipc.c checks each from
 inside at every step, through a checkpoint, kill -9 and restart."""
@@ -39,10 +40,23 @@ def test_segment_removed_while_attached(ckptd: Ckptd, sysv_ipc: str) -> None:
     exact_round_trip(ckptd, "sysv-rmid", [sysv_ipc, STEPS, "rmid"])
 
 
-def test_sem_undo_refused(ckptd: Ckptd, sysv_ipc: str) -> None:
-    ckptd.launch("sysv-undo", [sysv_ipc, "300", "undo"])
-    ckptd.wait_log("sysv-undo", r"^step 2 ok")
-    assert_refused(ckptd, "sysv-undo", "SEM_UNDO", "undo adjustments")
+def test_sem_undo(ckptd: Ckptd, sysv_ipc: str) -> None:
+    """SEM_UNDO adjustments of three processes come back: the kernel undoes each child's at its exit."""
+    exact_round_trip(ckptd, "sysv-undo", [sysv_ipc, STEPS, "undo"])
+
+
+def test_sem_undo_cleared_by_another_refused(ckptd: Ckptd, sysv_ipc: str) -> None:
+    """A SETVAL clears every process's adjustment on the set; the child's shim cannot see it."""
+    ckptd.launch("sysv-setval", [sysv_ipc, "300", "setval"])
+    ckptd.wait_log("sysv-setval", r"^step 2 ok")
+    assert_refused(ckptd, "sysv-setval", "SEM_UNDO", "semaphore set")
+
+
+def test_sem_undo_then_exec_refused(ckptd: Ckptd, sysv_ipc: str) -> None:
+    """The kernel keeps the adjustments over an exec; the shim's record of them is lost with the old program."""
+    ckptd.launch("sysv-exec", [sysv_ipc, "300", "exec"])
+    ckptd.wait_log("sysv-exec", r"^step 2 ok")
+    assert_refused(ckptd, "sysv-exec", "SEM_UNDO", "exec")
 
 
 @pytest.mark.serial  # the unprivileged fixture opens directories to another user

@@ -146,6 +146,28 @@ class CoreImage:
         """length bytes of the BLOB section (socket addresses, names) from off."""
         return bytes(self.blobs["blob"][off : off + length]) if length else b""
 
+    def sem_undo(self) -> list[dict[str, int]]:
+        """The process's System V semaphore undo adjustments and clears (struct ck_sem_undo, shim/eintr.c)."""
+        f = ffi()
+        n, off = int(self.proc.nsemundo), int(self.proc.semundo_off)
+        size = f.sizeof("struct ck_sem_undo")
+        raw = self.blob_bytes(off, n * size)
+        if len(raw) != n * size:
+            raise CkptdError(Code.DATA_LOSS, f"{self.path}: the semaphore undo adjustments lie outside the image")
+        out = []
+        for i in range(n):
+            u = f.from_buffer("struct ck_sem_undo *", bytearray(raw[i * size : (i + 1) * size]))
+            out.append(
+                {
+                    "semid": int(u.semid),
+                    "semnum": int(u.semnum),
+                    "adj": int(u.adj),
+                    "kind": int(u.kind),
+                    "ns": int(u.ns),
+                }
+            )
+        return out
+
     def blob_file_offset(self) -> int:
         """Where the BLOB section starts in core.img (queued pipe and socket data)."""
         for i in range(min(self.header.nsections, constant("CK_MAX_SECTIONS"))):

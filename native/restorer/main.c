@@ -301,5 +301,6 @@ static void phase2(uint64_t core_addr)
     rst_set_mm(&im);
     rst_restore_process(&im);
     rst_restore_fds(&im);
+    rst_restore_sem_undo(&im);
     rst_restore_threads(&im);
 }

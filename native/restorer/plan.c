@@ -66,7 +66,7 @@
  *   plan_timerfd.c  timerfd SLOT CLOCK INTERVAL_NS VALUE_NS TICKS FLAGS   a timerfd several processes share
  *   plan_signalfd.c signalfd SLOT MASK           a signalfd several processes share
  *   plan_sysv.c  sysvshm ID KEY MODE UID GID SIZE FILE   System V IPC objects, made again
- *                sysvsem ID KEY MODE UID GID NSEMS FILE    under their ids in the job's
+ *                sysvsem ID KEY MODE UID GID NSEMS FILE [UNDO]   under their ids in the job's
  *                sysvmsg ID KEY MODE UID GID QBYTES COUNT FILE   fresh IPC namespace
  *   plan_pty.c   pty SLOT INDEX STATE TERMIOS ROW COL XPIXEL YPIXEL FILE OFF LEN
  *                                               a pseudo-terminal pair at its number

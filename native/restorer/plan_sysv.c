@@ -8,7 +8,12 @@
  * memory segments again at their addresses itself (mem.c: the ids are kept,
  * so no slot is needed).
  *   sysvshm ID KEY MODE UID GID SIZE FILE          FILE: the segment's bytes
- *   sysvsem ID KEY MODE UID GID NSEMS FILE         FILE: NSEMS uint16 values
+ *   sysvsem ID KEY MODE UID GID NSEMS FILE [UNDO]  FILE: NSEMS uint16 values;
+ *                                                  UNDO: hex (uint32 semnum,
+ *                                                  int32 add) pairs: the sum of
+ *                                                  every process's SEM_UNDO
+ *                                                  adjustment, taken back by
+ *                                                  each (restorer/semundo.c)
  *   sysvmsg ID KEY MODE UID GID QBYTES COUNT FILE  FILE: COUNT records, each
  *                                                  int64 type, uint64 length,
  *                                                  the bytes padded to 8
@@ -108,6 +113,17 @@ void op_sysvsem(const struct line *l)
     long in = open_data(l, 7);
     rst_pread_all((int)in, bounce, nsems * sizeof(unsigned short), 0, "saved System V semaphores are truncated");
     ck_close((int)in);
+    if (l->ntok > 8) {
+        static int32_t undo[2 * 4096 + 1];
+        size_t n = unhex(l, 8, (char *)undo, sizeof(undo)) / 8;
+        unsigned short *v = (unsigned short *)bounce;
+        for (size_t i = 0; i < n; i++) {
+            int64_t to = (int64_t)v[(uint32_t)undo[2 * i] % nsems] + undo[2 * i + 1];
+            if ((uint32_t)undo[2 * i] >= nsems || to < 0 || to > 32767)
+                rst_fail("corrupt restore plan: a System V semaphore's undo adjustments", l->tok[1], 0);
+            v[undo[2 * i]] = (unsigned short)to;
+        }
+    }
     rc = ck_sc4(SYS_semctl, id, 0, SETALL, bounce);
     if (rc < 0)
         rst_fail("cannot set the values of a System V semaphore set", l->tok[1], rc);

@@ -215,6 +215,7 @@ int rst_timer_pending(const struct rst_image *im, const uint8_t *info);
 void rst_arm_posix_timers(const struct rst_image *im);
 
 /* threads.c */
+void rst_restore_sem_undo(const struct rst_image *im);  /* semundo.c: SEM_UNDO adjustments */
 void rst_restore_threads(const struct rst_image *im) __attribute__((noreturn));
 
 #endif

@@ -282,9 +282,8 @@ static int dump_proc(struct ck_image *im)
     p->umask = (uint32_t)status_oct(procbuf, "Umask:");
     if (ck_strncmp(ck_skip_spaces(status_line(procbuf, "x86_Thread_features:")), "shstk", 5) == 0)
         return ck_image_fail(im, "x86 shadow stacks are enabled; not supported", 0, 0);
-    if (ck_sem_undo_used)  /* eintr.c: semop with SEM_UNDO */
-        return ck_image_fail(im, "the process changed System V semaphores with SEM_UNDO: ckptd cannot read the "
-                                 "kernel's undo adjustments to restore them", 0, 0);
+    if (ck_dump_sem_undo(im) < 0)  /* eintr.c: the adjustments of semop with SEM_UNDO */
+        return -1;
 
     n = ck_read_file("/proc/self/auxv", im->auxv, sizeof(im->auxv));
     if (n < 0)

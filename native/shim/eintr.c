@@ -56,9 +56,11 @@
  */
 #include "shim.h"
 #include "../common/sys.h"
+#include "../common/util.h"
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <stdarg.h>
 #include <poll.h>
 #include <sys/epoll.h>
 #include <sys/select.h>
@@ -186,6 +188,7 @@ REAL_DECL(read);
 REAL_DECL(write);
 REAL_DECL(semop);
 REAL_DECL(semtimedop);
+REAL_DECL(semctl);
 REAL_DECL(msgrcv);
 REAL_DECL(msgsnd);
 
@@ -216,6 +219,7 @@ void ck_eintr_init(void)
     REAL_INIT(write);
     REAL_INIT(semop);
     REAL_INIT(semtimedop);
+    REAL_INIT(semctl);
     REAL_INIT(msgrcv);
     REAL_INIT(msgsnd);
 }
@@ -599,26 +603,161 @@ long ck_eintr_futex(long uaddr, long op, long val, long timeout, long a4, long a
 
 /* ---- System V IPC: semop, semtimedop, msgrcv, msgsnd are never restarted ---- */
 
-/* SEM_UNDO: the kernel keeps an adjustment per process that no interface
- * reads, so a process that used it is refused at checkpoint (dump.c); a
- * forked child starts without adjustments (shim.c clears the mark) */
-volatile int ck_sem_undo_used;
+/* SEM_UNDO: the kernel keeps an adjustment per process (semadj) that no
+ * interface reads, so the shim keeps its own copy (as DMTCP does): each
+ * semop with SEM_UNDO that succeeds subtracts its sem_op, a SETVAL, SETALL
+ * or IPC_RMID of this process clears it, and dump.c saves what is not zero
+ * (ck_sem_undo in the image).  A SETVAL in ANOTHER process clears ours in
+ * the kernel without our knowing: each adjustment keeps the CLOCK_MONOTONIC
+ * time it became non-zero (taken before the semop) and each process the
+ * time of its last clear of a set (taken after the semctl); the agent
+ * refuses a checkpoint where a clear came after another process's
+ * adjustment began (agent/sysv_ipc.py).  Fixed tables: no malloc in a
+ * signal handler; a full table of adjustments marks the process, refused
+ * at checkpoint.
+ * A forked child starts without adjustments (shim.c calls
+ * ck_sem_undo_after_fork).  An exec keeps the kernel's adjustments but not
+ * these tables: the job's environment holds CKPTD_SEM_UNDO=0 (agent/
+ * runtime.py), whose digit the shim sets in place to 1 while the process
+ * has adjustments, so a program exec'd with that environment starts marked
+ * and is refused at checkpoint (a vfork child's exec inherits the parent's
+ * mark: refused too, though it has none). */
+#define UNDO_MAX 256
+#define CLEAR_MAX 64
+static struct ck_sem_undo undo[UNDO_MAX];  /* kind CK_SEM_UNDO_ADJ, adj 0: a free slot */
+static struct ck_sem_undo clears[CLEAR_MAX];  /* kind CK_SEM_UNDO_CLEAR; kind 0: a free slot */
+static volatile int undo_lock;
+volatile int ck_sem_undo_used;  /* 1: a table was full (an adjustment not known) */
+static int undo_before_exec;    /* CKPTD_SEM_UNDO was 1 at start: adjustments from before an exec */
+static char *undo_mark;         /* the digit of CKPTD_SEM_UNDO in the environment, or 0 */
 
-static void note_undo(const struct sembuf *ops, size_t n, int rc)
+void ck_sem_undo_init(void)
 {
+    extern char **environ;
+    static const char name[] = "CKPTD_SEM_UNDO=";
+    for (char **e = environ; e && *e; e++)
+        if (!ck_strncmp(*e, name, sizeof(name) - 1) && (*e)[sizeof(name) - 1] && !(*e)[sizeof(name)]) {
+            undo_mark = *e + sizeof(name) - 1;
+            undo_before_exec = *undo_mark == '1';
+        }
+}
+
+/* with the lock held: the mark says whether an exec now would lose adjustments */
+static void undo_marked(void)
+{
+    int any = ck_sem_undo_used || undo_before_exec;
+    for (int k = 0; k < UNDO_MAX && !any; k++)
+        any = undo[k].adj != 0;
+    if (undo_mark)
+        *undo_mark = any ? '1' : '0';
+}
+
+/* every signal blocked while the tables change: neither a handler's semop
+ * nor a checkpoint (whose quiesce signal parks threads where they are, and
+ * whose dump takes the lock) can find the lock held by its own thread or
+ * by a parked one */
+static void undo_take(uint64_t *old)
+{
+    uint64_t all = ~0ull;
+    ck_sigprocmask(SIG_BLOCK, &all, old);
+    while (__atomic_exchange_n(&undo_lock, 1, __ATOMIC_ACQUIRE))
+        ;
+}
+static void undo_give(const uint64_t *old)
+{
+    __atomic_store_n(&undo_lock, 0, __ATOMIC_RELEASE);
+    ck_sigprocmask(SIG_SETMASK, old, 0);
+}
+
+void ck_sem_undo_after_fork(void)
+{
+    __builtin_memset(undo, 0, sizeof(undo));
+    __builtin_memset(clears, 0, sizeof(clears));
+    undo_lock = 0;
+    ck_sem_undo_used = 0;
+    undo_before_exec = 0;
+    if (undo_mark)
+        *undo_mark = '0';
+}
+
+static void note_undo(int id, const struct sembuf *ops, size_t n, int rc, int64_t before)
+{
+    size_t undoing = 0;
     for (size_t i = 0; rc == 0 && i < n; i++)
-        if (ops[i].sem_flg & SEM_UNDO)
-            ck_sem_undo_used = 1;
+        undoing += (ops[i].sem_flg & SEM_UNDO) && ops[i].sem_op;
+    if (!undoing)
+        return;  /* no lock, no signal mask: the common semop costs nothing more */
+    uint64_t mask;
+    undo_take(&mask);
+    for (size_t i = 0; i < n; i++) {
+        if (!(ops[i].sem_flg & SEM_UNDO) || !ops[i].sem_op)
+            continue;
+        struct ck_sem_undo *u = 0, *free_slot = 0;
+        for (int k = 0; k < UNDO_MAX && !u; k++)
+            if (undo[k].adj && undo[k].semid == id && undo[k].semnum == ops[i].sem_num)
+                u = &undo[k];
+            else if (!undo[k].adj && !free_slot)
+                free_slot = &undo[k];
+        if (!u) {
+            if (!free_slot) {
+                ck_sem_undo_used = 1;
+                continue;
+            }
+            u = free_slot;
+            u->kind = CK_SEM_UNDO_ADJ;
+            u->semid = id;
+            u->semnum = ops[i].sem_num;
+            u->ns = before;
+        }
+        u->adj -= ops[i].sem_op;  /* 0 again: the slot is free */
+    }
+    undo_marked();
+    undo_give(&mask);
+}
+
+/* semctl's SETVAL (semnum) or SETALL (semnum -1) cleared the set's
+ * adjustments in every process, IPC_RMID removed them with the set */
+static void note_clear(int id, int semnum)
+{
+    int64_t now = ck_now_ns(CLOCK_MONOTONIC);
+    uint64_t mask;
+    undo_take(&mask);
+    for (int k = 0; k < UNDO_MAX; k++)
+        if (undo[k].adj && undo[k].semid == id && (semnum < 0 || undo[k].semnum == semnum))
+            undo[k].adj = 0;
+    /* clears[0]: the latest of the clears evicted from a full table, for
+     * any set (semid -1), so that many sets cost a refusal only where one
+     * of them could hide a clear from another process */
+    struct ck_sem_undo *c = 0, *slot = 0;
+    for (int k = 1; k < CLEAR_MAX && !c; k++)
+        if (clears[k].kind && clears[k].semid == id)
+            c = &clears[k];
+        else if (!slot || (slot->kind && (!clears[k].kind || clears[k].ns < slot->ns)))
+            slot = &clears[k];  /* a free slot, else the oldest */
+    if (!c) {
+        c = slot;
+        if (c->kind && c->ns > clears[0].ns) {
+            clears[0] = *c;
+            clears[0].semid = -1;
+        }
+    }
+    c->kind = CK_SEM_UNDO_CLEAR;
+    c->semid = id;
+    c->semnum = -1;
+    c->ns = now;
+    undo_marked();
+    undo_give(&mask);
 }
 
 CK_EXPORT int semop(int id, struct sembuf *ops, size_t n)
 {
     struct span s;
     span_start(&s);
+    int64_t before = ck_now_ns(CLOCK_MONOTONIC);
     int rc;
     while (span_again(&s, eintr(rc = REAL(semop)(id, ops, n))))
         ;
-    note_undo(ops, n, rc);
+    note_undo(id, ops, n, rc, before);
     return rc;
 }
 
@@ -627,12 +766,56 @@ CK_EXPORT int semtimedop(int id, struct sembuf *ops, size_t n, const struct time
     struct span s;
     span_begin(&s, timeout != NULL);
     struct timespec left, *t = timeout ? (left = *timeout, &left) : 0;
+    int64_t before = ck_now_ns(CLOCK_MONOTONIC);
     int rc;
     while (span_again(&s, eintr(rc = REAL(semtimedop)(id, ops, n, t))))
         if (timeout)
             left = ns_ts(span_left(&s, ts_ns(timeout)));
-    note_undo(ops, n, rc);
+    note_undo(id, ops, n, rc, before);
     return rc;
+}
+
+/* the fourth argument is a union semun (an int or a pointer), passed on as a word */
+CK_EXPORT int semctl(int id, int semnum, int cmd, ...)
+{
+    va_list ap;
+    va_start(ap, cmd);
+    unsigned long arg = va_arg(ap, unsigned long);
+    va_end(ap);
+    int rc = REAL(semctl)(id, semnum, cmd, arg);
+    if (rc >= 0 && (cmd == SETVAL || cmd == SETALL || cmd == IPC_RMID))
+        note_clear(id, cmd == SETVAL ? semnum : -1);
+    return rc;
+}
+
+/* this process's adjustments and clears, for its image (dump.c) */
+int ck_dump_sem_undo(struct ck_image *im)
+{
+    if (undo_before_exec)
+        return ck_image_fail(im, "the process exec'd while it held System V semaphore undo adjustments (SEM_UNDO, "
+                                 "or its parent did, before a vfork): ckptd's record of them does not survive an exec",
+                             0, 0);
+    if (ck_sem_undo_used)
+        return ck_image_fail(im, "the process changed more than 256 System V semaphores with SEM_UNDO: "
+                                 "ckptd cannot track that many undo adjustments", 0, 0);
+    struct ck_sem_undo list[UNDO_MAX + CLEAR_MAX];
+    uint32_t n = 0;
+    uint64_t mask;
+    undo_take(&mask);
+    for (int k = 0; k < UNDO_MAX; k++)
+        if (undo[k].adj)
+            list[n++] = undo[k];
+    for (int k = 0; k < CLEAR_MAX; k++)
+        if (clears[k].kind)
+            list[n++] = clears[k];
+    undo_give(&mask);
+    im->proc.nsemundo = n;
+    if (n) {
+        im->proc.semundo_off = ck_table_bytes_append(&im->blob, list, (size_t)n * sizeof(list[0]));
+        if (im->proc.semundo_off == UINT64_MAX)
+            return ck_image_fail(im, "too much data to checkpoint", 0, 0);
+    }
+    return 0;
 }
 
 CK_EXPORT ssize_t msgrcv(int id, void *msg, size_t n, long type, int flags)

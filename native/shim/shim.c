@@ -548,7 +548,7 @@ static void after_fork_child(void)
     pthread_mutex_init(&connecting, 0);  /* held by the parent's forking thread, not this one */
     ck_quiesce_after_fork();
     ck_sigev_after_fork();
-    ck_sem_undo_used = 0;  /* fork does not pass SEM_UNDO adjustments on */
+    ck_sem_undo_after_fork();  /* fork does not pass SEM_UNDO adjustments on */
     /* the child shares the parent's socket: leave it to the parent */
     if (ck_shim.agent_fd >= 0)
         ck_close(ck_shim.agent_fd);
@@ -571,6 +571,7 @@ __attribute__((constructor)) static void ck_shim_init(void)
     if (ck_quiesce_install(ck_shim.quiesce_signal) < 0)
         return;
     ck_shim.active = 1;
+    ck_sem_undo_init();
     const char *uring = getenv("CKPTD_ALLOW_IO_URING");
     ck_shim.hide_io_uring = !(uring && uring[0] == '1');
     const char *track = getenv("CKPTD_TRACK");

@@ -305,7 +305,10 @@ int ck_term_hidden(void) CK_HIDDEN;      /* 1: a pending SIGTERM is never saved 
 void ck_term_image_action(struct ck_kernel_sigaction *k) CK_HIDDEN;
 int ck_term_sigaction(const struct sigaction *act, struct sigaction *old, ck_sigaction_fn real) CK_HIDDEN;
 void ck_eintr_init(void) CK_HIDDEN;  /* the real functions, from the constructor */
-extern volatile int ck_sem_undo_used CK_HIDDEN;  /* semop with SEM_UNDO succeeded in this process */
+extern volatile int ck_sem_undo_used CK_HIDDEN;  /* eintr.c's SEM_UNDO tables overflowed */
+void ck_sem_undo_init(void) CK_HIDDEN;           /* from the constructor: CKPTD_SEM_UNDO, kept over exec */
+void ck_sem_undo_after_fork(void) CK_HIDDEN;     /* the child of a fork has no adjustments */
+int ck_dump_sem_undo(struct ck_image *im) CK_HIDDEN;  /* the process's SEM_UNDO adjustments, for its image */
 /* the quiesce handler, as it returns; parked_at: CLOCK_MONOTONIC when it parked, or 0 */
 void ck_eintr_quiesced(int64_t parked_at) CK_HIDDEN;
 /* the interposed sigaction: the program's handlers are counted per thread */

@@ -14,7 +14,18 @@
  *                         type too), and a child blocked in msgrcv until the end
  *   sysv_ipc STEPS rmid   a segment removed (IPC_RMID) while attached: it stays,
  *                         marked, and goes at its last detach
- *   sysv_ipc STEPS undo   a semaphore changed with SEM_UNDO: refused
+ *   sysv_ipc STEPS undo   semaphores changed with SEM_UNDO by the parent and
+ *                         two children; at the last step the children exit
+ *                         one by one and the kernel undoes their changes: the
+ *                         values after each exit are checked (70 sets set
+ *                         and removed before: no refusal for those)
+ *   sysv_ipc STEPS setval a child's SEM_UNDO change, then the parent's SETVAL
+ *                         on the set (which clears the child's adjustment in
+ *                         the kernel, unseen by the child's shim): refused
+ *   sysv_ipc STEPS exec   a semaphore changed with SEM_UNDO, then an exec of
+ *                         this program (case "after-exec", which runs the
+ *                         steps): the adjustment outlives the shim's record
+ *                         of it, refused
  * Every object is IPC_PRIVATE and removed at the end, so the uninterrupted
  * run (in the host's IPC namespace) leaves nothing behind.
  */
@@ -144,17 +155,12 @@ static void shm_check(int step)
 static int sems;
 static int base0 = 5;  /* semaphore 0 between steps */
 
-static void sem_setup(int undo)
+static void sem_setup(void)
 {
     sems = semget(IPC_PRIVATE, 3, 0604);
     CHECK(sems >= 0, "semget");
     unsigned short init[3] = {5, 0, 7};
     CHECK(semctl(sems, 0, SETALL, init) == 0, "SETALL");
-    if (undo) {
-        struct sembuf op = {0, -1, SEM_UNDO};
-        CHECK(semop(sems, &op, 1) == 0, "semop SEM_UNDO");
-        base0 = 4;
-    }
     child = fork_child();
     if (child == 0) {  /* blocked until the parent's last step */
         struct sembuf op = {1, -1, 0};
@@ -185,6 +191,79 @@ static void sem_check(int step)
         CHECK(waitpid(child, &status, 0) == child && status == 0, "child status %d", status);
         semctl(sems, 0, IPC_RMID);
     }
+}
+
+/* ---- SEM_UNDO ---- */
+
+static pid_t undoer[2];
+
+/* values 0 and 1 of the set, as GETALL says */
+static void undo_expect(int v0, int v1, const char *when)
+{
+    unsigned short v[3];
+    CHECK(semctl(sems, 0, GETALL, v) == 0, "GETALL");
+    CHECK(v[0] == v0 && v[1] == v1, "values %u %u %s, not %d %d", v[0], v[1], when, v0, v1);
+}
+
+/* a child that changes the set with SEM_UNDO, then waits on semaphore 2
+ * (its own turn: 2 * which + 1 posts, then exits, undone by the kernel) */
+static pid_t undo_child(int which, short d0, short d1)
+{
+    pid_t pid = fork_child();
+    if (pid == 0) {
+        struct sembuf ops[2] = {{0, d0, SEM_UNDO}, {1, d1, SEM_UNDO}};
+        if (semop(sems, ops, 2) < 0)
+            _exit(2);
+        struct sembuf wait = {2, (short)-(which + 1), 0};
+        _exit(semop(sems, &wait, 1) < 0 ? 3 : 0);
+    }
+    for (int i = 0; i < 2000 && semctl(sems, 2, GETNCNT) != which + 1; i++)  /* it has changed the set */
+        usleep(1000);
+    CHECK(semctl(sems, 2, GETNCNT) == which + 1, "child %d did not wait", which);
+    return pid;
+}
+
+static void undo_setup(int setval)
+{
+    for (int i = 0; i < 70; i++) {  /* more sets set and removed than the shim's table of clears holds */
+        int other = semget(IPC_PRIVATE, 1, 0600);
+        CHECK(other >= 0 && semctl(other, 0, SETVAL, 1) == 0 && semctl(other, 0, IPC_RMID) == 0, "a set");
+    }
+    sems = semget(IPC_PRIVATE, 3, 0600);
+    CHECK(sems >= 0, "semget");
+    unsigned short init[3] = {5, 2, 0};
+    CHECK(semctl(sems, 0, SETALL, init) == 0, "SETALL");
+    struct sembuf ops[2] = {{0, -1, SEM_UNDO}, {1, 2, SEM_UNDO}};  /* the parent's adjustments: +1, -2 */
+    CHECK(semop(sems, ops, 2) == 0, "semop SEM_UNDO");
+    undoer[0] = undo_child(0, -2, 1);  /* 2, 5: adjustments +2, -1 */
+    if (setval) {
+        CHECK(semctl(sems, 1, SETVAL, 9) == 0, "SETVAL");  /* the child's -1 on semaphore 1 is gone */
+        return;
+    }
+    undoer[1] = undo_child(1, 1, -3);  /* 3, 2: adjustments -1, +3 */
+    undo_expect(3, 2, "after the changes");
+}
+
+static void undo_check(int step)
+{
+    struct sembuf ops[2] = {{0, 4, SEM_UNDO}, {0, -4, SEM_UNDO}};  /* the parent's adjustment changes and comes back */
+    CHECK(semop(sems, ops, 1) == 0 && semop(sems, ops + 1, 1) == 0, "semop SEM_UNDO");
+    if (undoer[1] <= 0)
+        return;
+    undo_expect(3, 2, "between steps");
+    if (step < nsteps)
+        return;
+    struct sembuf post = {2, 1, 0};  /* child 0 takes it */
+    int status;
+    CHECK(semop(sems, &post, 1) == 0 && waitpid(undoer[0], &status, 0) == undoer[0] && status == 0,
+          "child 0 status %d", status);
+    undo_expect(5, 1, "after child 0's exit");
+    post.sem_op = 2;
+    CHECK(semop(sems, &post, 1) == 0 && waitpid(undoer[1], &status, 0) == undoer[1] && status == 0,
+          "child 1 status %d", status);
+    undo_expect(4, 4, "after child 1's exit");
+    printf("values after the children's exits: 4 4\n");
+    semctl(sems, 0, IPC_RMID);
 }
 
 /* ---- message queues ---- */
@@ -300,9 +379,20 @@ int main(int argc, char **argv)
     if (!strcmp(what, "shm")) {
         shm_setup();
         check = shm_check;
-    } else if (!strcmp(what, "sem") || !strcmp(what, "undo")) {
-        sem_setup(!strcmp(what, "undo"));
+    } else if (!strcmp(what, "sem")) {
+        sem_setup();
         check = sem_check;
+    } else if (!strcmp(what, "undo") || !strcmp(what, "setval")) {
+        undo_setup(!strcmp(what, "setval"));
+        check = undo_check;
+    } else if (!strcmp(what, "exec")) {
+        sems = semget(IPC_PRIVATE, 1, 0600);
+        struct sembuf up = {0, 1, SEM_UNDO};
+        CHECK(sems >= 0 && semop(sems, &up, 1) == 0, "semget, semop SEM_UNDO");
+        execl("/proc/self/exe", argv[0], argv[1], "after-exec", (char *)0);
+        CHECK(0, "exec");
+    } else if (!strcmp(what, "after-exec")) {
+        check = nothing;
     } else if (!strcmp(what, "msg")) {
         msg_setup();
         check = msg_check;
@@ -315,5 +405,8 @@ int main(int argc, char **argv)
     int rc = run_steps(nsteps, check);
     if (child > 0)
         kill(child, SIGKILL);
+    for (int i = 0; i < 2; i++)
+        if (undoer[i] > 0)
+            kill(undoer[i], SIGKILL);
     return rc;
 }

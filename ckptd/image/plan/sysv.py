@@ -5,17 +5,25 @@ made again under their old ids, filled, before the tree is forked
 (native/restorer/plan_sysv.c).  Each process attaches its segments again
 itself (restorer/mem.c), by id: no slot is needed.  An attachment whose
 segment was not saved (a job sharing the host's IPC namespace: one run in a
-user namespace) is refused."""
+user namespace) is refused.
+
+SEM_UNDO: each process's adjustments (semadj, tracked by the shim,
+native/shim/eintr.c) are added to its sets' values here; each process's
+restorer then takes its own back with a semop with SEM_UNDO
+(native/restorer/semundo.c), which leaves the saved values and gives it
+its adjustments again."""
 
 from __future__ import annotations
 
 import json
+import struct
 from typing import Any
 
 from ..core import constant
 from .planner import Kind, PlanError, Planner, ProcessImage, Steps, hex_arg
 
 OBJECTS = "sysv-ipc/objects.json"
+SEMVMX = 32767  # the kernel's largest semaphore value
 
 
 class SysvIpc(Kind):
@@ -32,6 +40,7 @@ class SysvIpc(Kind):
             return
         base = self.planner.procs[0].dir.parent
         path = base / OBJECTS
+        self._dir = path.parent
         objects: dict[str, list[dict[str, Any]]] = json.loads(path.read_text()) if path.exists() else {}
         saved = {int(o["id"]) for o in objects.get("shm", [])}
         for shmid, p in sorted(self.attached.items()):
@@ -46,10 +55,46 @@ class SysvIpc(Kind):
 
         for o in objects.get("shm", []):
             st.create.append(f"sysvshm {_head(o)} {int(o['size'])} {data(o)}")
+        adds = self._sem_undo(objects)
         for o in objects.get("sem", []):
-            st.create.append(f"sysvsem {_head(o)} {int(o['nsems'])} {data(o)}")
+            extra = adds.get(int(o["id"]), {})
+            undo = hex_arg(b"".join(struct.pack("<Ii", n, v) for n, v in sorted(extra.items()))) if extra else ""
+            st.create.append(f"sysvsem {_head(o)} {int(o['nsems'])} {data(o)} {undo}".rstrip())
         for o in objects.get("msg", []):
             st.create.append(f"sysvmsg {_head(o)} {int(o['qbytes'])} {int(o['count'])} {data(o)}")
+
+    def _sem_undo(self, objects: dict[str, list[dict[str, Any]]]) -> dict[int, dict[int, int]]:
+        """semid -> semnum -> the sum of every process's adjustment, checked to fit."""
+        sets = {int(o["id"]): o for o in objects.get("sem", [])}
+        total: dict[int, dict[int, int]] = {}
+        raises: dict[tuple[int, int], int] = {}
+        for p in self.planner.procs:
+            for u in p.core.sem_undo():
+                if u["kind"] != constant("CK_SEM_UNDO_ADJ"):
+                    continue
+                semid, n, adj = u["semid"], u["semnum"], u["adj"]
+                o = sets.get(semid)
+                if o is None or not 0 <= n < int(o["nsems"]):
+                    raise PlanError(
+                        f"{p.label()} holds a SEM_UNDO adjustment on System V semaphore {n} of set {semid}, "
+                        "which was not saved"
+                    )
+                total.setdefault(semid, {})[n] = total.get(semid, {}).get(n, 0) + adj
+                if adj < 0:
+                    raises[(semid, n)] = raises.get((semid, n), 0) - adj
+        for semid, per in total.items():
+            o = sets[semid]
+            nsems = int(o["nsems"])
+            values = struct.unpack(f"<{nsems}H", (self._dir / str(o["file"])).read_bytes()[: 2 * nsems])
+            for n, adj in per.items():
+                # all the raises done, none of the lowering yet: the highest it gets in the restorer
+                top = values[n] + adj + raises.get((semid, n), 0)
+                if not 0 <= values[n] + adj <= SEMVMX or top > SEMVMX:
+                    raise PlanError(
+                        f"System V semaphore {n} of set {semid} (value {values[n]}) cannot hold the processes' "
+                        f"SEM_UNDO adjustments (sum {adj}) while they are restored: ckptd cannot restore it"
+                    )
+        return total
 
 
 def _head(o: dict[str, Any]) -> str:

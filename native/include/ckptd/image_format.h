@@ -504,6 +504,26 @@ struct ck_posix_timer {
     int64_t remaining_ns;       /* until the next expiry, 0: disarmed */
 };
 
+/* issue 19: System V semaphore undo adjustments (semop with SEM_UNDO), as
+   the shim tracks them (native/shim/eintr.c): nsemundo of them in BLOB at
+   ck_proc.semundo_off.  CK_SEM_UNDO_ADJ: the process's semadj for (semid,
+   semnum), non-zero, made again by the restorer with a semop of -adj with
+   SEM_UNDO (restorer/semundo.c) on a set the plan made adj higher;
+   ns: CLOCK_MONOTONIC when it became non-zero.  CK_SEM_UNDO_CLEAR: the
+   process's last SETVAL, SETALL or IPC_RMID of set semid (-1: of any set,
+   the latest of those a full table dropped) at ns, which clears
+   every process's adjustments in the kernel: the agent refuses a
+   checkpoint where one came after another process's adjustment began. */
+#define CK_SEM_UNDO_ADJ 1
+#define CK_SEM_UNDO_CLEAR 2
+struct ck_sem_undo {
+    int32_t semid;
+    int32_t semnum;             /* CK_SEM_UNDO_CLEAR: -1 (a clear counts for the whole set) */
+    int32_t adj;
+    int32_t kind;
+    int64_t ns;
+};
+
 struct ck_proc {
     int32_t pid;                /* inside the job's pid namespace */
     int32_t ppid;
@@ -570,6 +590,11 @@ struct ck_proc {
     uint32_t ctty_index;
     int32_t ctty_pgrp;
     uint32_t pad_ctty;
+    /* issue 19: System V semaphore undo adjustments and clears, nsemundo
+       struct ck_sem_undo in BLOB at semundo_off */
+    uint32_t nsemundo;
+    uint32_t pad_semundo;
+    uint64_t semundo_off;
 };
 
 /*
