@@ -456,11 +456,16 @@ static int dump_one(struct ck_image *im, int fd, int pid, int in_flight)
     if (f->type == CK_FD_REG || f->type == CK_FD_DIR || f->type == CK_FD_CHR || f->type == CK_FD_PIPE ||
         f->type == CK_FD_UNIX)
         return 0;
-    char what[160];
+    char what[256];
     struct ck_buf b;
     ck_buf_init(&b, what, sizeof(what));
-    ck_buf_str(&b, "a Unix socket has a file descriptor in flight (SCM_RIGHTS sent, not yet received) that ckptd "
-                   "cannot send again: ");
+    const char *kind = f->type == CK_FD_TCP   ? "a TCP socket"
+                       : f->type == CK_FD_UDP ? "a UDP or ping socket"
+                       : f->type == CK_FD_RAW ? "a raw socket"
+                                              : "of a kind";
+    ck_buf_str(&b, "a Unix socket has a file descriptor in flight (SCM_RIGHTS sent, not yet received), ");
+    ck_buf_str(&b, kind);
+    ck_buf_str(&b, " ckptd cannot send again: ");
     ck_buf_str(&b, target);
     return ck_image_passing(im, ck_image_fail(im, what, 0, 0));
 }
