@@ -37,13 +37,15 @@ INIT_HUNG = (
 )
 DAEMON_HUNG = (
     "the restart waits while the daemon is stopped and nothing runs unverified; killed, the restart fails "
-    "with one line, the next daemon fails the job (re-adopts it once released) and leaves nothing behind; "
+    "with one line, the next daemon fails the job (re-adopts it once released), puts its files back as the "
+    "restart found them and leaves nothing behind; "
     "the last good checkpoint restores byte-identical"
 )
 AGENT_HUNG = (
     "the restart fails with one line once the agent misses its heartbeats, and nothing runs unverified; "
-    "once the stopped agent is killed, the next agent fails the job (re-adopts it once released) and leaves "
-    "nothing behind; the last good checkpoint restores byte-identical"
+    "once the stopped agent is killed, the next agent fails the job (re-adopts it once released), puts its "
+    "files back as the restart found them and leaves nothing behind; the last good checkpoint restores "
+    "byte-identical"
 )
 HANG_S = 2.0  # how long a cell watches that nothing moves on its own while a process is stopped
 
@@ -85,6 +87,7 @@ def restart(cell: Cell, spec: str, *args: str) -> subprocess.Popen[str]:
     """kill -9 the job (past its first wait), arm the fault, start a restart."""
     cell.runs_on()
     cell.c.kill9(JOB)
+    cell.log_before = cell.c.log_file(JOB).stat().st_size  # the job's log as the restart finds it
     cell.arm(spec)
     return subprocess.Popen(
         [CKPTCTL, "restart", JOB, *args], env=cell.c.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -147,9 +150,9 @@ def test_daemon_hung_during_a_restart(ckptd: Ckptd, tmp_path: Path, fault_job: s
     ckptd.start_daemon()
     if phase == "release":
         cell.wait_state("running", "failed")
-    else:
+    else:  # the next one plays back the failed restart's journal: the log as the restart found it
         cell.wait_state("failed", "lost")
-        assert ckptd.log_file(JOB).stat().st_size == size
+        assert ckptd.log_file(JOB).stat().st_size == cell.log_before
     cell.nothing_left()
     cell.restores_identical()
 
@@ -175,9 +178,9 @@ def test_agent_hung_during_a_restart(ckptd: Ckptd, split: Split, tmp_path: Path,
     split.start("agent")
     if phase == "release":
         cell.wait_state("running", "failed")
-    else:
+    else:  # the next one plays back the failed restart's journal: the log as the restart found it
         cell.wait_state("failed", "lost")
-        assert ckptd.log_file(JOB).stat().st_size == size
+        assert ckptd.log_file(JOB).stat().st_size == cell.log_before
     cell.nothing_left()
     cell.restores_identical()
 
