@@ -312,17 +312,26 @@ class FaultFS:
         self._err.close()
 
 
-def available() -> str | None:
-    """Why a faultfs cannot be mounted here, or None."""
-    if os.getuid() != 0:
-        return "mounting a FUSE filesystem needs root (CI runs as root)"
-    if not os.path.exists("/dev/fuse"):
-        return "no /dev/fuse"
+def _fuse_loads() -> bool:
     try:
         import fuse  # noqa: F401
-    except (ImportError, OSError) as e:
-        return f"fusepy with libfuse2 is needed (pip install fusepy; apt-get install libfuse2): {e}"
-    return None
+    except (ImportError, OSError):  # fusepy raises OSError without libfuse2
+        return False
+    return True
+
+
+def require() -> None:
+    """Skip where FUSE cannot be had at all (no /dev/fuse, not root); install
+    libfuse2 when only it is missing (a fresh machine), and fail if it cannot."""
+    import debian  # tests/debian.py, beside this file
+    import pytest  # here: the filesystem itself runs this file as a script
+
+    if os.getuid() != 0:
+        pytest.skip("mounting a FUSE filesystem needs root (CI runs as root)")
+    if not os.path.exists("/dev/fuse"):
+        pytest.skip("no /dev/fuse in this kernel or container")
+    debian.install(["libfuse2"], _fuse_loads)
+    assert _fuse_loads(), "fusepy is needed: pip install '.[test]'"
 
 
 if __name__ == "__main__":

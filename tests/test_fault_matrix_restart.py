@@ -195,8 +195,7 @@ LAZY_STORAGE = (
 
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[faultfs.FaultFS]:
-    if faultfs.available() is not None:
-        pytest.skip(str(faultfs.available()))
+    faultfs.require()
     fs = faultfs.FaultFS(tmp_path / "real", tmp_path / "store", tmp_path / "faults.json")
     try:
         yield fs

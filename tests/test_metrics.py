@@ -20,6 +20,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import debian
 import pytest
 from conftest import CKPTD, Ckptd, compile_workload
 
@@ -39,22 +40,9 @@ def free_port() -> int:
 
 def prometheus_binary() -> str:
     """The Debian package's server; installed when missing.  No Prometheus fails the test: it is what it checks."""
+    debian.install(["prometheus"], lambda: shutil.which("prometheus") is not None)
     path = shutil.which("prometheus")
-    if path:
-        return path
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    for _ in range(30):  # another apt may hold dpkg's lock for a while
-        p = subprocess.run(["apt-get", "install", "-y", "--no-install-recommends", "prometheus"], env=env,
-                           capture_output=True, text=True)  # fmt: skip
-        if p.returncode == 0 or "lock" not in p.stderr:
-            break
-        time.sleep(10)
-    if p.returncode != 0:
-        subprocess.run(["apt-get", "update"], env=env, capture_output=True)
-        p = subprocess.run(["apt-get", "install", "-y", "--no-install-recommends", "prometheus"], env=env,
-                           capture_output=True, text=True)  # fmt: skip
-    path = shutil.which("prometheus")
-    assert path, f"cannot install Prometheus (apt-get install prometheus): {p.stderr.strip()[-500:]}"
+    assert path
     return path
 
 

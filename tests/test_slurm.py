@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import debian
 import pytest
 from conftest import BIN, PYTHON, WORKLOADS, ckptd_at, run_plain
 
@@ -30,24 +31,11 @@ DAEMONS = ("munged", "slurmctld", "slurmd")
 
 
 def _install() -> None:
-    """slurm-wlm and munge through apt, waiting out another apt's lock; a
-    failure fails the test (it must not skip on a machine without Slurm)."""
-    if all(shutil.which(d) or Path(f"/usr/sbin/{d}").exists() for d in DAEMONS):
-        return
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    last = ""
-    for _ in range(30):
-        p = subprocess.run(
-            ["apt-get", "install", "-y", "--no-install-recommends", "slurm-wlm", "munge"],
-            env=env, capture_output=True, text=True, timeout=900,
-        )  # fmt: skip
-        if p.returncode == 0:
-            return
-        last = p.stderr
-        if "Unable to locate package" in last or "has no installation candidate" in last:
-            subprocess.run(["apt-get", "update"], env=env, capture_output=True, timeout=600)
-        time.sleep(10 if "lock" in last else 1)
-    pytest.fail(f"cannot install slurm-wlm and munge with apt-get: {last.strip()[-500:]}")
+    """slurm-wlm and munge, installed when missing; a failure fails the test
+    (it must not skip on a machine without Slurm)."""
+    debian.install(
+        ["slurm-wlm", "munge"], lambda: all(shutil.which(d) or Path(f"/usr/sbin/{d}").exists() for d in DAEMONS)
+    )
 
 
 def _free_ports(n: int) -> list[int]:

@@ -28,8 +28,6 @@ import pytest
 from conftest import PYTHON, WORKLOADS, Ckptd, Plain, run_plain
 from test_bad_input import one_line_error
 
-pytestmark = pytest.mark.skipif(faultfs.available() is not None, reason=str(faultfs.available()))
-
 COUNTER = str(WORKLOADS / "counter.py")
 TICKS = "200"  # 10 s: a cell kills the job 2 to 4 s in (more on a loaded machine)
 # exit statuses (README): storage full or not writable, storage failed, image unreadable
@@ -70,6 +68,7 @@ CKPT_PHASES: dict[str, tuple[dict[str, Any], str]] = {
 
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[faultfs.FaultFS]:
+    faultfs.require()
     fs = faultfs.FaultFS(tmp_path / "real", tmp_path / "store", tmp_path / "faults.json")
     try:
         yield fs
