@@ -31,6 +31,13 @@
  * per page from the copy. */
 #define POPULATE_MIN (2ull << 20)
 
+/* A long run is read in pieces of this size, the next piece's read from
+ * storage started (readahead: the kernel starts up to its readahead window
+ * of it) before this piece's memory is allocated and copied into, so that
+ * allocating fresh memory overlaps the disk instead of all the allocation
+ * coming first and all the reading after (BENCHMARKS.md, first section). */
+#define FILL_PIECE (64ull << 20)
+
 static int overlaps(uint64_t a0, uint64_t a1, uint64_t b0, uint64_t b1) { return a0 < b1 && b0 < a1; }
 
 static const char *special_name(const struct rst_image *im, const struct ck_vma *v)
@@ -119,6 +126,23 @@ void rst_unmap_all_but_hole(void)
         rst_fail("cannot clear the address space above the restorer", 0, rc);
 }
 
+static uint64_t piece_at(uint64_t len, uint64_t at) { return len - at < FILL_PIECE ? len - at : FILL_PIECE; }
+
+/* len bytes at offset off of fd into memory at addr (FILL_PIECE) */
+static void fill_run(int fd, uint64_t addr, uint64_t len, uint64_t off, int populate)
+{
+    if (len > FILL_PIECE)
+        (void)ck_sc3(SYS_readahead, fd, off, FILL_PIECE);  /* best effort, as each one below */
+    for (uint64_t at = 0; at < len; at += FILL_PIECE) {
+        uint64_t n = piece_at(len, at);
+        if (at + n < len)
+            (void)ck_sc3(SYS_readahead, fd, off + at + n, piece_at(len, at + n));
+        if (populate)
+            (void)ck_madvise((void *)(addr + at), n, MADV_POPULATE_WRITE);  /* best effort: 5.14+ */
+        rst_pread_all(fd, (void *)(addr + at), n, off + at, "cannot read pages.img (truncated?)");
+    }
+}
+
 static void fill_pages(const struct rst_image *im, const struct ck_vma *v)
 {
     for (uint64_t r = v->first_run; r < v->first_run + v->nruns; r++) {
@@ -128,12 +152,14 @@ static void fill_pages(const struct rst_image *im, const struct ck_vma *v)
             rst_fail("corrupt image: page run outside its mapping", 0, 0);
         int fd = run->src ? rst.source_fd[run->src - 1] : rst.pages_fd;
         /* not a private file or memfd mapping: its other pages must stay the file's */
-        if (len >= POPULATE_MIN && !(v->flags & (CK_VMA_FILE | CK_VMA_SHMEM)))
-            (void)ck_madvise((void *)run->vaddr, len, MADV_POPULATE_WRITE);  /* best effort: 5.14+ */
-        if (rst.sealed)  /* encrypted: whole chunks read, checked and decrypted */
+        int populate = len >= POPULATE_MIN && !(v->flags & (CK_VMA_FILE | CK_VMA_SHMEM));
+        if (rst.sealed) {  /* encrypted: whole chunks read, checked and decrypted */
+            if (populate)
+                (void)ck_madvise((void *)run->vaddr, len, MADV_POPULATE_WRITE);  /* best effort: 5.14+ */
             rst_seal_read(run->src, (void *)run->vaddr, len, run->offset);
-        else
-            rst_pread_all(fd, (void *)run->vaddr, len, run->offset, "cannot read pages.img (truncated?)");
+        } else {
+            fill_run(fd, run->vaddr, len, run->offset, populate);
+        }
     }
 }
 
