@@ -16,6 +16,7 @@ import inspect
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from typing import Any, TypeVar
@@ -93,7 +94,9 @@ STOPPED_POLL_S = 2.0
 
 
 def call_many(
-    calls: list[tuple[Any, Any, float | None, str]], stopped: Callable[[int], str | None] | None = None
+    calls: list[tuple[Any, Any, float | None, str]],
+    stopped: Callable[[int], str | None] | None = None,
+    times: list[tuple[float, float]] | None = None,
 ) -> list[Any]:
     """Unary RPCs (method: a stub's unary-unary callable, with .future;
     request, timeout, what) all at once, at most
@@ -101,18 +104,27 @@ def call_many(
     or the CkptdError it failed with, in the order given.  stopped(i), when
     given, is asked every STOPPED_POLL_S while call i is unanswered: a reason
     (its peer stopped: no heartbeats) fails that call at once, UNAVAILABLE,
-    instead of at its timeout, which may be hours."""
+    instead of at its timeout, which may be hours.  times, when given, gets
+    each call's (sent, answered) on time.monotonic(), in the order given."""
     slots = threading.BoundedSemaphore(FAN_OUT)
     pending = []
+    stamps: list[list[float]] = []
     for method, request, timeout, what in calls:
         slots.acquire()
+        stamp = [time.monotonic(), 0.0]
         try:
             future = method.future(request, timeout=timeout)
         except BaseException:
             slots.release()
             raise
-        future.add_done_callback(lambda _f: slots.release())
+
+        def done(_f: Any, stamp: list[float] = stamp) -> None:
+            stamp[1] = time.monotonic()
+            slots.release()
+
+        future.add_done_callback(done)
         pending.append((future, what))
+        stamps.append(stamp)
     out: list[Any] = []
     for i, (future, what) in enumerate(pending):
         while True:
@@ -127,6 +139,8 @@ def call_many(
             except grpc.RpcError as e:
                 out.append(CkptdError.from_rpc(e, what))
             break
+    if times is not None:
+        times.extend((sent, answered or time.monotonic()) for sent, answered in stamps)
     return out
 
 

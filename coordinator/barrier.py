@@ -97,6 +97,7 @@ class CheckpointRound:
         self.timeout_s = timeout_s or DEFAULT_QUIESCE_TIMEOUT_S
         self.set_operation = set_operation
         self.then_stop = then_stop
+        self.issue_s = self.wire_s = 0.0  # the last phase's (_on_all)
 
     def run(self) -> pb.CheckpointInfo:
         record = self.record
@@ -140,11 +141,24 @@ class CheckpointRound:
         to rpc.FAN_OUT); the first failure (by rank) is raised after all have
         answered, naming the rank."""
         targets = list(stubs)
+        start, times = time.monotonic(), []
         answers = call_many(
             [(getattr(stubs[t], method), make(t), timeout, f"agent on {t.node}") for t in targets],
             # an agent that stops (or whose host freezes) fails the round once its heartbeats stop,
             # not after the phase's timeout (hours for a dump): the other ranks are parked meanwhile
             lambda i: self.nodes.stopped_answering(targets[i].node, f"agent on {targets[i].node}", method),
+            times,
+        )
+        # where the protocol's own time goes (Phase.issue_s, wire_s): the last
+        # request's send, and the worst round trip less the agent's own time
+        self.issue_s = max((sent for sent, _ in times), default=start) - start
+        self.wire_s = max(
+            (
+                max(0.0, answered - sent - float(getattr(a, "local_s", 0.0)))
+                for (sent, answered), a in zip(times, answers, strict=True)
+                if not isinstance(a, CkptdError)
+            ),
+            default=0.0,
         )
         for t, a in zip(targets, answers, strict=True):
             if isinstance(a, CkptdError):
@@ -192,9 +206,9 @@ class CheckpointRound:
         phases: list[Phase] = []
         mark = [t0]
 
-        def close(name: str, local_s: float = 0.0) -> None:
+        def close(name: str, local_s: float = 0.0, issue_s: float = 0.0, wire_s: float = 0.0) -> None:
             now = time.monotonic()
-            phases.append(Phase(name=name, rpc_s=now - mark[0], local_s=local_s))
+            phases.append(Phase(name=name, rpc_s=now - mark[0], local_s=local_s, issue_s=issue_s, wire_s=wire_s))
             mark[0] = now
 
         close("reserve")
@@ -202,7 +216,7 @@ class CheckpointRound:
         def phase(key: str, text: str, method: str, make: Callable[[Target], Any], timeout: float) -> dict[Target, Any]:
             self.set_operation(f"checkpoint {ckpt_id}: {text}")
             replies = self._on_all(stubs, method, make, timeout)
-            close(key, max((float(r.local_s) for r in replies.values()), default=0.0))
+            close(key, max((float(r.local_s) for r in replies.values()), default=0.0), self.issue_s, self.wire_s)
             timings[f"{key}_s" if key != "prepare" else "quiesce_s"] = phases[-1].rpc_s
             faults.point(method.lower(), "coordinator")
             return replies

@@ -84,7 +84,13 @@ def info_from_manifest(job: str, path: Path) -> pb.CheckpointInfo:
         processes=len(m.get("processes", [])),
         node=m.get("node", ""),
         phases=[
-            pb.PhaseTiming(name=str(p["name"]), rpc_s=float(p["rpc_s"]), local_s=float(p["local_s"]))
+            pb.PhaseTiming(
+                name=str(p["name"]),
+                rpc_s=float(p["rpc_s"]),
+                local_s=float(p["local_s"]),
+                issue_s=float(p.get("issue_s", 0)),  # none before they were recorded
+                wire_s=float(p.get("wire_s", 0)),
+            )
             for p in m.get("phases", [])  # none in a manifest from before phases were recorded
         ],
     )

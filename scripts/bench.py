@@ -304,9 +304,14 @@ def phase_split(info: dict[str, Any]) -> dict[str, float]:
     by = {p["name"]: p for p in info.get("phases", [])}
     stall = sum(float(by[n]["rpc_s"]) for n in ("prepare", "drain", "dump", "resume") if n in by)
     own = sum(float(by[n].get("local_s", 0)) for n in ("prepare", "drain", "dump", "resume") if n in by)
+    stall_phases = [by[n] for n in ("prepare", "drain", "dump", "resume") if n in by]
     return {
         "stall_s": stall,
         "protocol_s": stall - own,
+        # the protocol's cost phase by phase, and where it goes (Phase.issue_s, wire_s)
+        "protocol_by_phase": [float(p["rpc_s"]) - float(p.get("local_s", 0)) for p in stall_phases],
+        "issue_s": sum(float(p.get("issue_s", 0)) for p in stall_phases),
+        "wire_s": sum(float(p.get("wire_s", 0)) for p in stall_phases),
         "own_s": own,
         "dump_own_s": float(by.get("dump", {}).get("local_s", 0)),
         "commit_s": float(by.get("commit", {}).get("rpc_s", 0)),
@@ -352,9 +357,11 @@ def bench_ranks(base: Path, nranks: int, mib: int, nodes: Nodes | None = None) -
 def ranks_table(rows: list[dict[str, Any]]) -> str:
     """ranks -> what the barrier itself costs, beside the stall and the restart."""
     head = (
-        "| ranks | nodes | MiB per rank | protocol s (stall less ranks' own) | ranks' own s (slowest, per phase) "
+        "| ranks | nodes | MiB per rank | protocol s (stall less ranks' own) "
+        "| of it: prepare / drain / dump / resume | issuing requests s | worst round trip less own s "
+        "| ranks' own s (slowest, per phase) "
         "| of which dump s | stall s | paused s (from inside) | finalize s | commit s | checkpoint s | restart s |\n"
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
     )
     body = ""
     for r in rows:
@@ -363,6 +370,9 @@ def ranks_table(rows: list[dict[str, Any]]) -> str:
             str(int(r["nodes"])),
             str(r["mib"]),
             f"{r['protocol_s']:.3f}",
+            " / ".join(f"{x:.3f}" for x in r["protocol_by_phase"]),
+            f"{r['issue_s']:.3f}",
+            f"{r['wire_s']:.3f}",
             f"{r['own_s']:.3f}",
             f"{r['dump_own_s']:.3f}",
             f"{r['stall_s']:.3f}",

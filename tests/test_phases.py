@@ -1,6 +1,8 @@
 """Every checkpoint records its round's phases (reserve, prepare, drain,
-dump, resume, finalize, commit): each one's time at the coordinator and the
-slowest rank's own time in it, in its manifest and in `ckptctl list --json`.
+dump, resume, finalize, commit): each one's time at the coordinator, the
+slowest rank's own time in it, and where the rest went (sending the
+requests, the worst round trip less its rank's own time), in its manifest
+and in `ckptctl list --json`.
 Back to back, they add up to the checkpoint's duration; prepare to resume
 is its stall."""
 
@@ -23,9 +25,15 @@ def check_phases(info: dict[str, Any]) -> dict[str, dict[str, float]]:
     """Sane phases in a CheckpointInfo's JSON; by name."""
     phases = info.get("phases")
     assert phases and [p["name"] for p in phases] == PHASES, info
-    by = {p["name"]: {"rpc_s": float(p["rpc_s"]), "local_s": float(p["local_s"])} for p in phases}
+    keys = ("rpc_s", "local_s", "issue_s", "wire_s")
+    by = {p["name"]: {k: float(p.get(k, -1)) for k in keys} for p in phases}
     for name, p in by.items():
-        assert p["rpc_s"] >= 0 and p["local_s"] >= 0, (name, p)
+        assert all(p[k] >= 0 for k in keys), (name, p)  # every one recorded
+        # the protocol's own cost, split: the requests' sending and the worst
+        # round trip less the rank's own time, both inside the phase
+        assert p["issue_s"] <= p["rpc_s"] + 2e-6 and p["wire_s"] <= p["rpc_s"] + 2e-6, (name, p)
+        if name not in RANK_WORK:
+            assert p["issue_s"] == 0 and p["wire_s"] == 0, (name, p)  # no RPC in it
         # an agent's own time is inside the coordinator's RPC (rounding: 1 µs)
         assert p["local_s"] <= p["rpc_s"] + 2e-6, (name, p)
         if name in RANK_WORK:

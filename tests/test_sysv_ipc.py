@@ -66,3 +66,46 @@ def test_shared_memory_without_root_refused(unprivileged: Ckptd, sysv_ipc: str) 
     unprivileged.launch("sysv-nr", [sysv_ipc, "300", "rmid"], cwd="/")  # removed at exit: nothing left behind
     unprivileged.wait_log("sysv-nr", r"^step 2 ok")
     assert_refused(unprivileged, "sysv-nr", "System V shared memory", "own IPC namespace")
+
+
+@pytest.mark.parametrize("kind", ["shm", "sem", "msg"])
+def test_an_empty_namespace_is_told_from_one_holding_an_object(kind: str) -> None:
+    """The dump saves a job's IPC objects only when its namespace holds any
+    (sysv_ipc.holds_objects, asked without starting a child): one object of
+    any kind must count, and the asking thread leaves the agent's own
+    namespace alone."""
+    import ctypes
+
+    from ckptd.agent import sysv_ipc
+
+    if os.geteuid() != 0:
+        pytest.skip("a new IPC namespace needs root")
+    libc = ctypes.CDLL(None, use_errno=True)
+    ready, go = os.pipe(), os.pipe()
+    pid = os.fork()
+    if pid == 0:  # a process in an IPC namespace of its own: empty, then one object
+        try:
+            assert libc.unshare(sysv_ipc.CLONE_NEWIPC) == 0
+            os.write(ready[1], b"e")
+            os.read(go[0], 1)
+            made = {
+                "shm": lambda: libc.shmget(0, 4096, 0o1600),
+                "sem": lambda: libc.semget(0, 2, 0o1600),
+                "msg": lambda: libc.msgget(0, 0o1600),
+            }[kind]()
+            os.write(ready[1], b"o" if made >= 0 else b"!")
+            os.read(go[0], 1)
+        finally:
+            os._exit(0)
+    own = os.stat("/proc/self/ns/ipc").st_ino
+    try:
+        assert os.read(ready[0], 1) == b"e"
+        assert sysv_ipc.own_namespace(pid)
+        assert not sysv_ipc.holds_objects(pid)
+        os.write(go[1], b"x")
+        assert os.read(ready[0], 1) == b"o", f"the child could not make a {kind} object"
+        assert sysv_ipc.holds_objects(pid)
+        assert os.stat("/proc/self/ns/ipc").st_ino == own
+    finally:
+        os.write(go[1], b"x")
+        os.waitpid(pid, 0)

@@ -162,6 +162,9 @@ class Phase:
     name: str
     rpc_s: float  # at the coordinator: the whole phase, every rank's RPC in it
     local_s: float  # inside the agents: the slowest rank's own time in it (0: no rank takes part)
+    # the rest, rpc_s less local_s, is the protocol's own cost; where it goes:
+    issue_s: float = 0.0  # putting every rank's request in flight (the coordinator's serial part)
+    wire_s: float = 0.0  # the worst rank's round trip less its own time (transport, an agent's queue)
 
 
 @dataclass
@@ -201,7 +204,14 @@ class Manifest:
             "sizes": asdict(self.sizes),
             "attempts": self.attempts,
             "phases": [
-                {"name": p.name, "rpc_s": round(p.rpc_s, 6), "local_s": round(p.local_s, 6)} for p in self.phases
+                {
+                    "name": p.name,
+                    "rpc_s": round(p.rpc_s, 6),
+                    "local_s": round(p.local_s, 6),
+                    "issue_s": round(p.issue_s, 6),
+                    "wire_s": round(p.wire_s, 6),
+                }
+                for p in self.phases
             ],
         }
         if self.part is not None:
