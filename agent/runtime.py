@@ -125,13 +125,77 @@ def ns_pid(host_pid: int) -> int:
     return 0
 
 
-def _is_writer(proc: psutil.Process) -> bool:
-    """A shim's page writer (native/shim/writeout.c): a short-lived copy of
-    a job process, never part of the job itself."""
-    try:
-        return proc.name() == WRITER_COMM
-    except psutil.Error:
-        return False
+@dataclass(frozen=True)
+class ProcEntry:
+    """One process as /proc/PID/stat has it."""
+
+    pid: int
+    ppid: int
+    state: str  # "Z": exited, not yet reaped
+    comm: str
+
+
+class ProcTable:
+    """Every process of the machine by parent, from one pass over
+    /proc/*/stat.  Finding a job's processes means reading every process's
+    stat (the kernel lists children only with CONFIG_PROC_CHILDREN, which
+    this one may lack), and a round asks for them several times per job: with
+    many jobs (ranks) on a node, one pass per question made each rank's
+    pause grow with the number of processes on the node.  One pass now
+    answers every question asked before it began (single flight): callers
+    that queue behind a pass take the next one together.  Never stale: a
+    caller gets a pass that began after it asked."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._began = -1.0
+        self._children: dict[int, list[ProcEntry]] = {}
+
+    def children(self) -> dict[int, list[ProcEntry]]:
+        asked = time.monotonic()
+        with self._lock:
+            if self._began < asked:
+                self._began = time.monotonic()
+                self._children = _scan_proc()
+            return self._children
+
+    def descendants(self, pid: int) -> list[ProcEntry]:
+        """pid's children, theirs, and so on (breadth first)."""
+        children = self.children()
+        out, todo = [], [pid]
+        while todo:
+            for c in children.get(todo.pop(), ()):
+                out.append(c)
+                todo.append(c.pid)
+        return out
+
+
+def _scan_proc() -> dict[int, list[ProcEntry]]:
+    children: dict[int, list[ProcEntry]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:  # exited meanwhile
+            continue
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses
+        head, _, tail = stat.rpartition(b")")
+        fields = tail.split()
+        if len(fields) < 2:
+            continue
+        entry = ProcEntry(
+            pid=int(name),
+            ppid=int(fields[1]),
+            state=fields[0].decode(),
+            comm=head.partition(b"(")[2].decode(errors="replace"),
+        )
+        children.setdefault(entry.ppid, []).append(entry)
+    return children
+
+
+PROCS = ProcTable()
 
 
 class JobRuntime:
@@ -196,17 +260,16 @@ class JobRuntime:
         except psutil.Error:
             return None
 
-    def _job_processes(self) -> list[psutil.Process]:
-        """The job's processes, zombies included (ckptd-init's reaper excluded)."""
+    def _job_processes(self) -> list[ProcEntry]:
+        """The job's processes, zombies included: ckptd-init's reaper excluded,
+        and a shim's page writer (native/shim/writeout.c), a short-lived copy
+        of a job process, never part of the job itself."""
         init = self._init_process()
         if not init:
             return []
-        try:
-            reapers = {c.pid for c in init.children()}
-            procs = [c for c in init.children(recursive=True) if c.pid not in reapers]
-        except psutil.Error:
-            return []
-        return [c for c in procs if not _is_writer(c)]
+        under = PROCS.descendants(init.pid)
+        reapers = {c.pid for c in under if c.ppid == init.pid}
+        return [c for c in under if c.pid not in reapers and c.comm != WRITER_COMM]
 
     def init_pids(self) -> list[int]:
         """Host pids of the incarnation's ckptd-init: its relay, then its reaper."""
@@ -223,21 +286,16 @@ class JobRuntime:
 
     def live_pids(self) -> list[int]:
         """Host pids of the job's processes (the reaper excluded)."""
-        pids = []
-        for c in self._job_processes():
-            with contextlib.suppress(psutil.Error):
-                if c.status() != psutil.STATUS_ZOMBIE:
-                    pids.append(c.pid)
-        return sorted(pids)
+        return sorted(c.pid for c in self._job_processes() if c.state != "Z")
 
     def zombies(self) -> list[dict[str, int]]:
         """The job's exited-but-unreaped children, with their ids inside the job
         and their wait status, so that a restore recreates them."""
         out = []
         for c in self._job_processes():
-            with contextlib.suppress(psutil.Error, OSError, ValueError, IndexError):
-                if c.status() != psutil.STATUS_ZOMBIE:
-                    continue
+            if c.state != "Z":
+                continue
+            with contextlib.suppress(OSError, ValueError, IndexError):
                 fields = Path(f"/proc/{c.pid}/stat").read_text().rsplit(")", 1)[1].split()
                 # after ")": state ppid pgrp session ... exit_code is field 52 (index 49 here)
                 ppid, pgrp, session = (int(x) for x in fields[1:4])

@@ -310,6 +310,7 @@ def phase_split(info: dict[str, Any]) -> dict[str, float]:
         "protocol_s": stall - own,
         # the protocol's cost phase by phase, and where it goes (Phase.issue_s, wire_s)
         "protocol_by_phase": [float(p["rpc_s"]) - float(p.get("local_s", 0)) for p in stall_phases],
+        "own_by_phase": [float(p.get("local_s", 0)) for p in stall_phases],
         "issue_s": sum(float(p.get("issue_s", 0)) for p in stall_phases),
         "wire_s": sum(float(p.get("wire_s", 0)) for p in stall_phases),
         "own_s": own,
@@ -360,7 +361,7 @@ def ranks_table(rows: list[dict[str, Any]]) -> str:
         "| ranks | nodes | MiB per rank | protocol s (stall less ranks' own) "
         "| of it: prepare / drain / dump / resume | issuing requests s | worst round trip less own s "
         "| ranks' own s (slowest, per phase) "
-        "| of which dump s | stall s | paused s (from inside) | finalize s | commit s | checkpoint s | restart s |\n"
+        "| of it: prepare / drain / dump / resume | stall s | paused s (from inside) | finalize s | commit s | checkpoint s | restart s |\n"
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
     )
     body = ""
@@ -374,7 +375,7 @@ def ranks_table(rows: list[dict[str, Any]]) -> str:
             f"{r['issue_s']:.3f}",
             f"{r['wire_s']:.3f}",
             f"{r['own_s']:.3f}",
-            f"{r['dump_own_s']:.3f}",
+            " / ".join(f"{x:.3f}" for x in r["own_by_phase"]),
             f"{r['stall_s']:.3f}",
             f"{r['paused_s']:.3f}",
             f"{r['finalize_s']:.3f}",
