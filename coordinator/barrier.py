@@ -141,7 +141,7 @@ class CheckpointRound:
         to rpc.FAN_OUT); the first failure (by rank) is raised after all have
         answered, naming the rank."""
         targets = list(stubs)
-        start, times = time.monotonic(), []
+        start, times = time.monotonic(), list[tuple[float, float]]()
         answers = call_many(
             [(getattr(stubs[t], method), make(t), timeout, f"agent on {t.node}") for t in targets],
             # an agent that stops (or whose host freezes) fails the round once its heartbeats stop,

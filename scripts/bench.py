@@ -361,8 +361,8 @@ def ranks_table(rows: list[dict[str, Any]]) -> str:
         "| ranks | nodes | MiB per rank | protocol s (stall less ranks' own) "
         "| of it: prepare / drain / dump / resume | issuing requests s | worst round trip less own s "
         "| ranks' own s (slowest, per phase) "
-        "| of it: prepare / drain / dump / resume | stall s | paused s (from inside) | finalize s | commit s | checkpoint s | restart s |\n"
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+        "| of it: prepare / drain / dump / resume | stall s | paused s (from inside) "
+        "| finalize s | commit s | checkpoint s | restart s |\n" + "|---:" * 15 + "|\n"
     )
     body = ""
     for r in rows:
