@@ -91,6 +91,7 @@ setup(
             "_native/ckptd-init",
             "_native/layout-dump",
             "_native/ckptd-crypt",
+            "_native/ckptd-dedup",
             "_native/image_format.h",
             "py.typed",
         ],

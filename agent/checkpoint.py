@@ -643,21 +643,32 @@ class Checkpointer:
         rank 0's (ckptd/image/dedup.py).  Returns the bytes no longer stored
         here.  Each process's shim takes its rewritten runs first (REBASE);
         one that cannot keeps its image as it was."""
+        t_wait = time.monotonic()
         with self.transfers.running(job.name, Transfer("deduplicating", 0)):
             # rank 0's writers may still be filling its pages, in parallel with ours
             with contextlib.suppress(OSError):
                 for proc in Path(peer_dir).glob("proc-*"):
                     _wait_unlocked(proc / "pages.img.part", DUMP_TIMEOUT_S)
+            t0 = time.monotonic()
             try:
                 peer = dedup.index_peer(Path(peer_dir), peer_final)
             except (OSError, CkptdError) as e:
                 log.warning("job %s: no deduplication against %s: %s", job.name, peer_dir, e)
                 return 0
+            t_index = time.monotonic()
             saved = 0
+            t_plan = t_rebase = t_apply = 0.0
             try:
                 for pd in dumps:
                     proc_dir = d / pd.dir
-                    rw = dedup.plan(proc_dir, peer)
+                    t = time.monotonic()
+                    try:
+                        rw = dedup.plan(proc_dir, peer)
+                    except (OSError, CkptdError) as e:  # nothing changed: the image stays as it was
+                        log.warning("job %s: pid %d keeps its own pages: %s", job.name, pd.pid, e)
+                        continue
+                    finally:
+                        t_plan += time.monotonic() - t
                     if rw is None:
                         continue
                     with job.cond:
@@ -666,15 +677,23 @@ class Checkpointer:
                         if conn is None:
                             raise ShimError(Code.UNAVAILABLE, "the process is gone")
                         image = "/".join(_image_parts(peer_final.split("/", maxsplit=1)[0], d.name, pd.dir))
+                        t = time.monotonic()
                         conn.request("REBASE", timeout=30, core=str(rw.new_core), image=image)
+                        t_rebase += time.monotonic() - t
                     except ShimError as e:
                         log.info("job %s: pid %d keeps its own pages: %s", job.name, pd.pid, e.message)
                         dedup.discard(rw)
                         continue
+                    t = time.monotonic()
                     dedup.apply(rw)
+                    t_apply += time.monotonic() - t
                     saved += rw.deduped_bytes
             finally:
                 peer.close()
+        log.info(
+            "job %s: dedup: %d MiB stored once; waited for rank 0's pages %.3f s, index %.3f s, plan %.3f s, "
+            "rebase %.3f s, apply %.3f s", job.name, saved >> 20, t0 - t_wait, t_index - t0, t_plan, t_rebase, t_apply,
+        )  # fmt: skip
         return saved
 
     def _warm_identities(self, d: Path, dumps: list[pb.ProcessDump]) -> threading.Thread:
