@@ -128,19 +128,179 @@ void rst_unmap_all_but_hole(void)
 
 static uint64_t piece_at(uint64_t len, uint64_t at) { return len - at < FILL_PIECE ? len - at : FILL_PIECE; }
 
+/* piece c of the run of len bytes at addr: its memory allocated */
+static void populate_piece(uint64_t addr, uint64_t len, uint32_t c)
+{
+    uint64_t at = (uint64_t)c * FILL_PIECE;
+    (void)ck_madvise((void *)(addr + at), piece_at(len, at), MADV_POPULATE_WRITE);  /* best effort: 5.14+ */
+}
+
+/*
+ * A second thread allocates a long run's memory alongside the main thread.
+ * On this VM fresh memory the host has taken back (free page reporting)
+ * is faulted in page by page at about 0.5 GB/s per core, and two cores
+ * fault it in at about twice that (BENCHMARKS.md, first section).  Pieces
+ * are claimed in order from `claim`: the helper takes the next unclaimed
+ * one, populates it, then publishes how far it got in `hdone` (it finishes
+ * each piece before it claims the next, so every piece it claimed below
+ * hdone is done).  The main thread does every read, in order; before it
+ * reads a piece it populates it itself if it is still unclaimed, and if the
+ * helper has it and is not done, populates the next unclaimed ones until
+ * it is (populated()).  The helper only allocates (best effort, as
+ * before): every byte is still read by the main thread, and a failed read
+ * fails the restore as before.
+ *
+ * Its thread id is one of this process's own threads' (clone3 set_tid), not
+ * yet recreated: a fresh id could be one another process of the job needs
+ * for its threads at that moment.  Its stack is the spare thread-stack slot
+ * in the hole (there is one more slot than threads to recreate).  It is gone,
+ * id released, before fill_run returns.
+ */
+struct fill_helper {
+    volatile uint64_t addr, len;
+    volatile uint32_t npieces;
+    volatile uint32_t claim;   /* next unclaimed piece */
+    volatile uint32_t hdone;   /* futex: the helper's pieces below this are populated */
+    volatile uint32_t alive;   /* futex: the helper's thread id until it has exited (CLONE_CHILD_CLEARTID) */
+    int32_t tid;               /* the id it borrows, or 0: no helper */
+    uint32_t stack_slot;
+    int chosen;
+};
+static struct fill_helper helper;
+static uint32_t mine[64], mine_head, mine_tail;  /* pieces ahead the main thread populated itself */
+
+struct rst_fill_clone_args {
+    uint64_t flags, pidfd, child_tid, parent_tid, exit_signal;
+    uint64_t stack, stack_size, tls, set_tid, set_tid_size, cgroup;
+};
+
+__attribute__((noreturn)) static void helper_entry(const struct ck_thread *unused)
+{
+    (void)unused;
+    for (;;) {
+        uint32_t c = __atomic_load_n(&helper.claim, __ATOMIC_ACQUIRE);
+        if (c >= helper.npieces)
+            break;
+        if (!__atomic_compare_exchange_n(&helper.claim, &c, c + 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+            continue;
+        populate_piece(helper.addr, helper.len, c);
+        __atomic_store_n(&helper.hdone, c + 1, __ATOMIC_RELEASE);
+        ck_futex_wake_all(&helper.hdone);
+    }
+    ck_exit_thread(0);
+}
+
+/* the thread id and stack the helper borrows: once per restore */
+static void helper_choose(const struct rst_image *im)
+{
+    if (helper.chosen)
+        return;
+    helper.chosen = 1;
+    for (uint32_t i = 0; i < im->nthreads && !helper.tid; i++)
+        if (!(im->threads[i].flags & CK_THREAD_MAIN) && im->threads[i].tid > 0)
+            helper.tid = im->threads[i].tid;
+    helper.stack_slot = im->nthreads - 1;  /* rst_restore_threads uses slots 0 .. nthreads-2 */
+}
+
+/* start the helper on the run of len bytes at addr; 0: none, populate alone */
+static int helper_start(uint64_t addr, uint64_t len, uint32_t npieces)
+{
+    helper.addr = addr;
+    helper.len = len;
+    helper.npieces = npieces;
+    helper.claim = 0;
+    helper.hdone = 0;
+    mine_head = mine_tail = 0;
+    if (!helper.tid)
+        return 0;
+    helper.alive = (uint32_t)helper.tid;
+    struct rst_fill_clone_args a;
+    int64_t tid = helper.tid;
+    ck_memset(&a, 0, sizeof(a));
+    a.flags = CLONE_VM | CLONE_FS | CLONE_FILES | CLONE_SIGHAND | CLONE_THREAD | CLONE_SYSVSEM | CLONE_CHILD_CLEARTID;
+    a.child_tid = (uint64_t)&helper.alive;
+    a.stack = rst.hole_start + rst.stacks_off + RST_MAIN_STACK + (uint64_t)helper.stack_slot * RST_THREAD_STACK;
+    a.stack_size = RST_THREAD_STACK;
+    a.set_tid = (uint64_t)&tid;
+    a.set_tid_size = 1;
+    long rc = rst_clone3_thread(&a, sizeof(a), helper_entry, 0);
+    if (rc < 0) {
+        helper.alive = 0;
+        helper.tid = 0;  /* not again this restore: populate alone, as before */
+        return 0;
+    }
+    return 1;
+}
+
+/* wait until the helper has exited and its thread id is free again */
+static void helper_finish(void)
+{
+    for (;;) {
+        uint32_t t = __atomic_load_n(&helper.alive, __ATOMIC_ACQUIRE);
+        if (!t)
+            break;
+        ck_futex(&helper.alive, FUTEX_WAIT, t, 0);  /* the kernel's clear-tid wake is not private */
+    }
+    /* the clear-tid wake comes before the exiting thread is released */
+    while (ck_tgkill((int)ck_getpid(), helper.tid, 0) != -ESRCH)
+        ck_sched_yield();
+}
+
+/* The main thread, before it reads piece i with the helper running: piece i
+ * populated.  It takes i itself if unclaimed; if the helper has it, it
+ * populates the next unclaimed pieces meanwhile (remembered in `mine`, in
+ * order) rather than wait, so that both threads allocate. */
+
+static void populated(uint64_t addr, uint64_t len, uint32_t i)
+{
+    if (mine_head != mine_tail && mine[mine_head % 64] == i) {
+        mine_head++;
+        return;
+    }
+    for (;;) {
+        uint32_t h = __atomic_load_n(&helper.hdone, __ATOMIC_ACQUIRE);
+        uint32_t c = __atomic_load_n(&helper.claim, __ATOMIC_ACQUIRE);
+        if (c == i) {
+            if (__atomic_compare_exchange_n(&helper.claim, &c, i + 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+                populate_piece(addr, len, i);
+                return;
+            }
+            continue;
+        }
+        /* c > i: the helper claimed i (every piece of ours is in `mine`) */
+        if (h > i)
+            return;
+        if (c < helper.npieces && mine_tail - mine_head < 64) {
+            if (__atomic_compare_exchange_n(&helper.claim, &c, c + 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+                populate_piece(addr, len, c);
+                mine[mine_tail++ % 64] = c;
+            }
+            continue;
+        }
+        ck_futex_wait(&helper.hdone, h, -1);
+    }
+}
+
 /* len bytes at offset off of fd into memory at addr (FILL_PIECE) */
 static void fill_run(int fd, uint64_t addr, uint64_t len, uint64_t off, int populate)
 {
+    uint32_t npieces = (uint32_t)((len + FILL_PIECE - 1) / FILL_PIECE);
+    int helped = populate && npieces > 1 && helper_start(addr, len, npieces);
     if (len > FILL_PIECE)
         (void)ck_sc3(SYS_readahead, fd, off, FILL_PIECE);  /* best effort, as each one below */
-    for (uint64_t at = 0; at < len; at += FILL_PIECE) {
+    uint32_t i = 0;
+    for (uint64_t at = 0; at < len; at += FILL_PIECE, i++) {
         uint64_t n = piece_at(len, at);
         if (at + n < len)
             (void)ck_sc3(SYS_readahead, fd, off + at + n, piece_at(len, at + n));
-        if (populate)
+        if (populate && !helped)
             (void)ck_madvise((void *)(addr + at), n, MADV_POPULATE_WRITE);  /* best effort: 5.14+ */
+        else if (populate)
+            populated(addr, len, i);
         rst_pread_all(fd, (void *)(addr + at), n, off + at, "cannot read pages.img (truncated?)");
     }
+    if (helped)
+        helper_finish();
 }
 
 static void fill_pages(const struct rst_image *im, const struct ck_vma *v)
@@ -151,6 +311,7 @@ static void fill_pages(const struct rst_image *im, const struct ck_vma *v)
         if (run->vaddr < v->start || run->vaddr + len > v->end)
             rst_fail("corrupt image: page run outside its mapping", 0, 0);
         int fd = run->src ? rst.source_fd[run->src - 1] : rst.pages_fd;
+        helper_choose(im);
         /* not a private file or memfd mapping: its other pages must stay the file's */
         int populate = len >= POPULATE_MIN && !(v->flags & (CK_VMA_FILE | CK_VMA_SHMEM));
         if (rst.sealed) {  /* encrypted: whole chunks read, checked and decrypted */

@@ -215,6 +215,12 @@ void rst_restore_threads(const struct rst_image *im)
         a.set_tid = (uint64_t)&tid;
         a.set_tid_size = 1;
         long rc = rst_clone3_thread(&a, sizeof(a), thread_entry, t);
+        /* the memory fill's helper borrowed one of these ids (mem.c): it has
+         * exited, but its id may take a moment more to be released */
+        for (int tries = 0; rc == -EEXIST && tries < 100; tries++) {
+            ck_nanosleep_ms(1);
+            rc = rst_clone3_thread(&a, sizeof(a), thread_entry, t);
+        }
         if (rc < 0) {
             char what[32];
             struct ck_buf b;
