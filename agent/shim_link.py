@@ -210,7 +210,9 @@ class ShimConnection:
             try:
                 self.sock.sendall(format_message(command, **fields))
             except OSError as e:
-                raise ShimError(Code.FAILED_PRECONDITION, f"process {self.host_pid} is gone ({e})") from e
+                # its end is closed: it exits (or exec'd) during the round, as when no reply comes
+                # below; gone() may not see it yet (not yet a zombie): the next round leaves it out
+                raise ShimError(Code.ABORTED, f"process {self.host_pid} is gone ({e})", transient=True) from e
             deadline = time.monotonic() + timeout
             try:
                 # the replies to earlier requests that timed out come first, in order

@@ -362,8 +362,11 @@ class Plain:
             rc = self._proc.wait(timeout=300)
             out, err = (self._read(f) for f in (self._out, self._err))
             Plain.running.remove(self)
-            if rc != 0:
-                raise subprocess.CalledProcessError(rc, self.argv, out, err)
+            if rc != 0:  # what it printed says why: pytest would show only the exit status
+                raise AssertionError(
+                    f"the reference run without ckptd ({' '.join(self.argv)}) exited {rc}; "
+                    f"its stdout ends {out[-600:]!r}, its stderr {err[-600:]!r}"
+                )
             self._result = subprocess.CompletedProcess(self.argv, rc, out, err)
         return self._result
 
