@@ -37,10 +37,9 @@ from typing import Any
 import psutil
 
 from ckptd.errors import STORAGE_ERRNOS, CkptdError, Code
-from ckptd.image import core as image_format
 from ckptd.image import dedup
 from ckptd.image.checksum import ALGORITHM, IdentityCache, fsync_path, writer_digest
-from ckptd.image.core import CoreImage
+from ckptd.image.core import CoreImage, constant
 from ckptd.image.crypt import seal_into
 from ckptd.image.manifest import ProcessRecord, RankPart, checksum_entries, list_files
 from ckptd.image.plan import PlanError, plan_for_checkpoint
@@ -182,7 +181,7 @@ class Checkpointer:
         self._writing: dict[str, list[ShimConnection]] = {}  # job -> processes whose writers may still run
         # the image format's parser is built once per process (cffi parsing
         # image_format.h, about 60 ms of CPU): now, not in a job's first pause
-        threading.Thread(target=image_format.constant, args=("CK_MAX_SOURCES",), name="ckptd-ffi", daemon=True).start()
+        threading.Thread(target=constant, args=("CK_MAX_SOURCES",), name="ckptd-ffi", daemon=True).start()
 
     def parked_jobs(self) -> list[str]:
         return list(self._parked)
@@ -658,38 +657,35 @@ class Checkpointer:
             t_index = time.monotonic()
             saved = 0
             t_plan = t_rebase = t_apply = 0.0
-            try:
-                for pd in dumps:
-                    proc_dir = d / pd.dir
+            for pd in dumps:
+                proc_dir = d / pd.dir
+                t = time.monotonic()
+                try:
+                    rw = dedup.plan(proc_dir, peer)
+                except (OSError, CkptdError) as e:  # nothing changed: the image stays as it was
+                    log.warning("job %s: pid %d keeps its own pages: %s", job.name, pd.pid, e)
+                    continue
+                finally:
+                    t_plan += time.monotonic() - t
+                if rw is None:
+                    continue
+                with job.cond:
+                    conn = job.shims.get(pd.host_pid)
+                try:
+                    if conn is None:
+                        raise ShimError(Code.UNAVAILABLE, "the process is gone")
+                    image = "/".join(_image_parts(peer_final.split("/", maxsplit=1)[0], d.name, pd.dir))
                     t = time.monotonic()
-                    try:
-                        rw = dedup.plan(proc_dir, peer)
-                    except (OSError, CkptdError) as e:  # nothing changed: the image stays as it was
-                        log.warning("job %s: pid %d keeps its own pages: %s", job.name, pd.pid, e)
-                        continue
-                    finally:
-                        t_plan += time.monotonic() - t
-                    if rw is None:
-                        continue
-                    with job.cond:
-                        conn = job.shims.get(pd.host_pid)
-                    try:
-                        if conn is None:
-                            raise ShimError(Code.UNAVAILABLE, "the process is gone")
-                        image = "/".join(_image_parts(peer_final.split("/", maxsplit=1)[0], d.name, pd.dir))
-                        t = time.monotonic()
-                        conn.request("REBASE", timeout=30, core=str(rw.new_core), image=image)
-                        t_rebase += time.monotonic() - t
-                    except ShimError as e:
-                        log.info("job %s: pid %d keeps its own pages: %s", job.name, pd.pid, e.message)
-                        dedup.discard(rw)
-                        continue
-                    t = time.monotonic()
-                    dedup.apply(rw)
-                    t_apply += time.monotonic() - t
-                    saved += rw.deduped_bytes
-            finally:
-                peer.close()
+                    conn.request("REBASE", timeout=30, core=str(rw.new_core), image=image)
+                    t_rebase += time.monotonic() - t
+                except ShimError as e:
+                    log.info("job %s: pid %d keeps its own pages: %s", job.name, pd.pid, e.message)
+                    dedup.discard(rw)
+                    continue
+                t = time.monotonic()
+                dedup.apply(rw)
+                t_apply += time.monotonic() - t
+                saved += rw.deduped_bytes
         log.info(
             "job %s: dedup: %d MiB stored once; waited for rank 0's pages %.3f s, index %.3f s, plan %.3f s, "
             "rebase %.3f s, apply %.3f s", job.name, saved >> 20, t0 - t_wait, t_index - t0, t_plan, t_rebase, t_apply,

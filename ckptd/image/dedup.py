@@ -64,15 +64,18 @@ class PeerPages:
     paths: list[Path] = field(default_factory=list)  # where they are now
     runs: list[list[tuple[int, int]]] = field(default_factory=list)  # per file: (offset, npages)
 
-    def close(self) -> None:
-        pass
-
     def spec(self) -> str:
         lines = []
         for path, runs in zip(self.paths, self.runs, strict=True):
             lines.append(f"peer {path}")
             lines += [f"run {off} {n}" for off, n in runs]
         return "\n".join(lines) + "\n"
+
+
+def _stored_runs(core: CoreImage) -> list[tuple[int, int]]:
+    """(offset, npages) of the runs an image holds in its own pages.img
+    (not by reference to another image's)."""
+    return [(int(r.offset), int(r.npages)) for r in core.records["runs"] if not r.src and int(r.npages)]
 
 
 def index_peer(peer_dir: Path, peer_final: str) -> PeerPages:
@@ -82,7 +85,7 @@ def index_peer(peer_dir: Path, peer_final: str) -> PeerPages:
     for proc in sorted(peer_dir.glob("proc-*")):
         core = CoreImage.load(proc / "core.img")
         size = (proc / "pages.img").stat().st_size
-        runs = [(int(r.offset), int(r.npages)) for r in core.records["runs"] if not r.src and int(r.npages)]
+        runs = _stored_runs(core)
         if not size or not runs:
             continue
         peer.files.append((f"{peer_final}/{proc.name}/pages.img", size))
@@ -147,7 +150,7 @@ def _runs_of(core: CoreImage, peer: PeerPages, pages: Path, sources: list[dict[s
     """The image's runs with every stretch rank 0 holds alike turned into a
     reference; returns (runs as tuples, per-VMA (first, count), holes,
     bytes, the sources to add, the digest of pages once punched)."""
-    own_runs = [(int(r.offset), int(r.npages)) for r in core.records["runs"] if not r.src and int(r.npages)]
+    own_runs = _stored_runs(core)
     matches, digest = find_matches(peer, pages, own_runs) if own_runs else ([], None)
     starts = [m[0] for m in matches]
     src_of: dict[int, int] = {}  # peer file -> this image's source number
