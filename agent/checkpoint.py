@@ -592,9 +592,10 @@ class Checkpointer:
                 try:
                     conn.request("FLUSH", timeout=DUMP_TIMEOUT_S, **flush_fields)
                 except ShimError as e:
-                    # one that exited meanwhile (a short-lived worker, say) left
-                    # its writer to finish, or finished it on its way out
-                    failure = "" if conn.closed.is_set() else e.message
+                    # one that exited meanwhile (a short-lived worker, say: its end is
+                    # closed, or the request could not be sent) left its writer to
+                    # finish, or finished it on its way out
+                    failure = "" if conn.closed.is_set() or e.transient else e.message
                     if e.code is Code.DEADLINE_EXCEEDED:
                         # a writer that makes no progress (stopped, hung on storage): the
                         # process's checkpoint thread waits for it, and would answer nothing more
