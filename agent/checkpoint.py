@@ -188,12 +188,15 @@ class Checkpointer:
 
     # ---- prepare ----
 
-    def _shims_for(self, job: JobRuntime, known: set[int]) -> list[ShimConnection]:
+    def _shims_for(self, job: JobRuntime, known: set[int], live: list[int] | None = None) -> list[ShimConnection]:
         """Connections of the job's live processes not in `known` (host pids);
-        a process still without a connection after a few seconds escaped the shim."""
+        a process still without a connection after a few seconds escaped the shim.
+        live: the job's processes as a scan just found them (a scan of /proc is
+        the costly part of a rank's pause on a busy node), else one is made."""
         deadline = time.monotonic() + SHIM_REGISTRATION_WAIT_S
         while True:
-            pids = [p for p in job.live_pids() if p not in known]
+            pids = [p for p in (job.live_pids() if live is None else live) if p not in known]
+            live = None  # a second look scans again
             if not pids and not known and job.alive() and time.monotonic() < deadline:
                 time.sleep(0.05)  # just launched: its first process is still being made
                 continue
@@ -235,15 +238,19 @@ class Checkpointer:
             with ThreadPoolExecutor(max_workers=min(len(conns), DUMP_PARALLEL)) as pool:
                 list(pool.map(one, conns))
 
-    def _quiesce_tree(self, job: JobRuntime, timeout_s: float) -> tuple[list[ShimConnection], int]:
+    def _quiesce_tree(self, job: JobRuntime, timeout_s: float, live: list[int]) -> tuple[list[ShimConnection], int]:
         """Park every process of the job.  A process that forks while others are
-        being parked adds one more: repeat until a pass finds nobody new."""
+        being parked adds one more: repeat until a pass finds nobody new.  The
+        first pass parks those of `live` (the prepare's scan), each later pass
+        those a new scan finds."""
         parked: list[ShimConnection] = []
         threads = 0
-        self._premap(self._shims_for(job, set()))
+        new = self._shims_for(job, set(), live)
+        self._premap(new)
         try:
-            for _ in range(MAX_QUIESCE_PASSES):
-                new = self._shims_for(job, {c.host_pid for c in parked})
+            for i in range(MAX_QUIESCE_PASSES):
+                if i:
+                    new = self._shims_for(job, {c.host_pid for c in parked})
                 if not new:
                     if not parked:
                         raise CkptdError(Code.FAILED_PRECONDITION, f"job {job.name} has no live process to checkpoint")
@@ -296,16 +303,17 @@ class Checkpointer:
                 raise CkptdError(Code.ABORTED, f"a checkpoint of job {job.name} is already in progress")
         if job.lazy is not None:  # after restart --lazy: the memory must be whole first (agent/lazy.py)
             job.lazy.wait(job.name, timeout_s)
+        live = job.live_pids()  # one scan for the checks below and the first pass of the quiesce
         if check_space:  # an incremental one needs far less than the resident size; a full disk still fails cleanly
-            self._check_space(job, directory)
+            self._check_space(job, directory, live)
         with job.cond:
             job.state = JobState.CHECKPOINTING
             job.operation = f"checkpoint {ckpt_id}: quiescing"
         try:
             if self._cancelled.get(job.name) == ckpt_id:
                 raise CkptdError(Code.ABORTED, f"checkpoint {ckpt_id} of job {job.name} was aborted before it began")
-            self._device_to_host(job, ckpt_id, timeout_s)
-            parked, threads = self._quiesce_tree(job, timeout_s)
+            self._device_to_host(job, ckpt_id, timeout_s, live)
+            parked, threads = self._quiesce_tree(job, timeout_s, live)
         except CkptdError:
             self._device_back(job, quiet=True)  # the first error is the one to report
             self._back_to_running(job)
@@ -324,11 +332,11 @@ class Checkpointer:
         self._drained.discard(job.name)
         return pb.PrepareResponse(processes=len(parked), threads=threads)
 
-    def _device_to_host(self, job: JobRuntime, ckpt_id: int, timeout_s: float) -> None:
+    def _device_to_host(self, job: JobRuntime, ckpt_id: int, timeout_s: float, live: list[int]) -> None:
         """CUDA processes: their device memory into their host memory, before
         anything is parked (agent/gpu.py).  A job that never touched CUDA
         has nothing to do here."""
-        pids = cuda_pids(job.live_pids())
+        pids = cuda_pids(live)
         self._cuda_dumped[job.name] = set(pids)
         if not pids:
             return
@@ -350,7 +358,7 @@ class Checkpointer:
             log.error("job %s: %s", job.name, e.message)
 
     @staticmethod
-    def _check_space(job: JobRuntime, directory: str) -> None:
+    def _check_space(job: JobRuntime, directory: str, live: list[int]) -> None:
         """Refuse before pausing anything when the storage obviously cannot hold the image."""
         try:
             st = os.statvfs(directory)
@@ -358,7 +366,7 @@ class Checkpointer:
             raise CkptdError(Code.UNAVAILABLE, f"checkpoint storage {directory} is not reachable: {e.strerror}") from e
         free = st.f_bavail * st.f_frsize
         need = 0
-        for pid in job.live_pids():
+        for pid in live:
             with contextlib.suppress(psutil.Error):
                 need += psutil.Process(pid).memory_info().rss
         if free < need:
@@ -501,7 +509,7 @@ class Checkpointer:
         relay = job.drain_output()
         resp.log_bytes, resp.index_bytes = relay["log"], relay["index"]
         tree = {
-            "zombies": job.zombies(),
+            "zombies": job.zombies(parked=True),  # the quiesce's last look is still true
             "stdout_ino": relay.get("stdout_ino", 0),
             "stderr_ino": relay.get("stderr_ino", 0),
             # asked while every process is still parked: which of their files are one description
