@@ -63,16 +63,10 @@ def holds_objects(host_pid: int) -> bool:
     answer = [True]
 
     def ask() -> None:
-        libc = ctypes.CDLL(None, use_errno=True)
         try:
-            fd = os.open(f"/proc/{host_pid}/ns/ipc", os.O_RDONLY)
+            libc = _join(host_pid)
         except OSError:
             return
-        try:
-            if libc.setns(fd, CLONE_NEWIPC) < 0:
-                return
-        finally:
-            os.close(fd)
         info = (ctypes.c_int * 64)()  # larger than struct shm_info, seminfo and msginfo
         # shm_info.used_ids, seminfo.semusz, msginfo.msgpool: the objects that exist (man 2 shmctl)
         counts = []
@@ -242,23 +236,36 @@ def _dump(out: Path) -> dict[str, list[dict[str, Any]]]:
 
 
 def _join(host_pid: int) -> Any:
+    """This thread into host_pid's IPC namespace; the libc that asks it.
+    OSError if it cannot join."""
     libc = _libc()
     fd = os.open(f"/proc/{host_pid}/ns/ipc", os.O_RDONLY)
-    if libc.setns(fd, CLONE_NEWIPC) < 0:
-        _fail("cannot join the IPC namespace of process", host_pid)
-    os.close(fd)
+    try:
+        if libc.setns(fd, CLONE_NEWIPC) < 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+    finally:
+        os.close(fd)
     return libc
+
+
+def _joined(host_pid: int) -> Any:
+    """_join, in the child: a failure ends it with its reason."""
+    try:
+        return _join(host_pid)
+    except OSError as e:
+        sys.exit(f"cannot join the IPC namespace of process {host_pid}: {e.strerror}")
 
 
 def main(argv: list[str]) -> None:
     if argv[0] == "--remove":
-        libc = _join(int(argv[1]))
+        libc = _joined(int(argv[1]))
         for shmid in argv[2:]:
             if libc.shmctl(int(shmid), IPC_RMID, None) < 0:
                 _fail("cannot remove System V shared memory segment", int(shmid))
         return
     host_pid, directory = int(argv[0]), Path(argv[1])
-    _join(host_pid)
+    _joined(host_pid)
     out = directory / DIR
     out.mkdir(exist_ok=True)
     objects = _dump(out)

@@ -9,6 +9,7 @@ inside at every step, through a checkpoint, kill -9 and restart."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import test_nonroot
@@ -109,3 +110,27 @@ def test_an_empty_namespace_is_told_from_one_holding_an_object(kind: str) -> Non
     finally:
         os.write(go[1], b"x")
         os.waitpid(pid, 0)
+
+
+def test_a_namespace_that_cannot_be_joined_is_not_taken_for_an_empty_one(tmp_path: Path) -> None:
+    """holds_objects answers True when it cannot tell (the saving child would
+    run), and the saving child ends with one line naming the process and why
+    (save() passes its last line on)."""
+    import subprocess
+    import sys
+
+    from ckptd.agent import sysv_ipc
+
+    child = subprocess.Popen(["true"])
+    child.wait()  # reaped: its pid names nobody now
+    assert sysv_ipc.holds_objects(child.pid)
+    r = subprocess.run(
+        [sys.executable, "-m", "ckptd.agent.sysv_ipc", str(child.pid), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd="/",  # as save() runs it: not this source tree's ckptd/
+    )
+    assert r.returncode == 1
+    assert r.stderr.strip() == f"cannot join the IPC namespace of process {child.pid}: No such file or directory"
+    assert list(tmp_path.iterdir()) == []
