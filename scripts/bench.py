@@ -7,11 +7,12 @@ in the same run (times are ckptd's own, without the CLI's start-up).  Writes a M
     scripts/bench.py --ranks 1,2,4 [--rank-mib 256] [--sizes ''] [--trees '']
 
 Per size: raw write (write + fsync, through the page cache like ckptd) and
-raw read (page cache dropped with POSIX_FADV_DONTNEED); then the workload is
+raw read (page cache dropped with POSIX_FADV_DONTNEED, then SETTLE_S); then the workload is
 launched under ckptd and checkpointed (time from `ckptctl checkpoint` until
 committed, including checksums and fsync), its pause is measured from its
 own progress timestamps, it is killed with SIGKILL, its checkpoint files are
-evicted from the page cache, and `ckptctl restart` is timed (verification
+evicted from the page cache, the freed memory left to settle (SETTLE_S below),
+and `ckptctl restart` is timed (verification
 of every checksum plus the restore).  Ratios compare ckptd's throughput on
 the image with the raw bandwidth, and with a read of the same file into
 new memory (measured after the job).  --trees adds process trees (8x256: eight
@@ -64,6 +65,27 @@ def evict(path: Path) -> None:
             os.close(fd)
 
 
+# Every read a ratio compares starts from the same state of memory: the
+# file evicted, then SETTLE_S for the memory just freed (the killed job's,
+# the evicted page cache) to go back to the host.  On a VM with free page
+# reporting (virtio_balloon; this Firecracker VM) memory freed less than
+# about 2 s before is still backed and fills at about 5 GB/s; later it is
+# faulted in from the host at about 0.5 GB/s per core.  A read timed the
+# moment the cache is dropped gets whatever part is still backed, which
+# depends on how soon it starts, not on how it reads: the same 4 GiB
+# ckptd restart took 5.2-5.5 s started at once and 9.2-9.4 s started 6 s
+# later, alternating (BENCHMARKS.md, first section).
+SETTLE_S = 6.0
+settle_s = SETTLE_S  # --settle
+
+
+def cold(*paths: Path) -> None:
+    """paths evicted from the page cache, and the freed memory settled (SETTLE_S)."""
+    for path in paths:
+        evict(path)
+    time.sleep(settle_s)
+
+
 def raw_write(path: Path, size: int) -> float:
     buf = os.urandom(CHUNK)
     t = time.monotonic()
@@ -79,7 +101,7 @@ def raw_write(path: Path, size: int) -> float:
 
 
 def raw_read(path: Path) -> float:
-    evict(path)
+    cold(path)
     buf = bytearray(CHUNK)
     t = time.monotonic()
     n = 0
@@ -139,7 +161,7 @@ def raw_read_into_new_memory(path: Path) -> float:
     at least, since it lands every byte in fresh pages.  On a VM that hands
     freed memory back to its host (Firecracker's free page reporting, say),
     getting that memory back costs more than reading the file."""
-    evict(path)
+    cold(path)
     size = path.stat().st_size
     libc = ctypes.CDLL(None, use_errno=True)
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
@@ -188,7 +210,7 @@ def kill_and_restart(c: Ckptd, job: str, info: dict, alive: Callable[[], object]
     restart, check it runs (alive), and remove it; the checkpoint's and the
     restart's figures."""
     kill9(c, job)
-    evict(Path(info["path"]))
+    cold(Path(info["path"]))
     restart_s = float(c.json("ckptctl", "restart", job)["duration_s"])
     time.sleep(0.5)
     alive()
@@ -633,7 +655,8 @@ def table(rows: list[dict[str, float]], where: Path) -> str:
         ]
         body += "| " + " | ".join(cells) + " |\n"
     machine = f"{platform.node()}, Linux {platform.release()}, {os.cpu_count()} cores, directory {where}"
-    return f"Measured {time.strftime('%Y-%m-%d')} on {machine}.\n\n{head}{body}"
+    settled = f"every read {settle_s:g} s after its file was evicted (--settle)"
+    return f"Measured {time.strftime('%Y-%m-%d')} on {machine}; {settled}.\n\n{head}{body}"
 
 
 def main() -> int:
@@ -683,8 +706,14 @@ def main() -> int:
         "--encrypt-rounds each, in the same run ('' for none)",
     )  # fmt: skip
     ap.add_argument("--encrypt-rounds", type=int, default=3, help="checkpoints of each kind with --encrypt")
+    ap.add_argument(
+        "--settle", type=float, default=SETTLE_S,
+        help=f"seconds between evicting a file and reading it back (default {SETTLE_S:g}; see SETTLE_S)",
+    )  # fmt: skip
     ap.add_argument("--out", help="also write the table to this file")
     args = ap.parse_args()
+    global settle_s
+    settle_s = args.settle
     if args.dir:
         Path(args.dir).mkdir(parents=True, exist_ok=True)
     base = Path(tempfile.mkdtemp(prefix="ckptd-bench-", dir=args.dir or "/var/tmp"))
@@ -741,7 +770,7 @@ def main() -> int:
                 print(f"benchmarking DMTCP with {procs} x {mib} MiB, {nranks} ranks ...", file=sys.stderr, flush=True)
                 try:
                     dmtcp_rows.append(
-                        bench_dmtcp(base, mib, RANK_WORKLOAD if nranks else WORKLOAD, evict=evict,
+                        bench_dmtcp(base, mib, RANK_WORKLOAD if nranks else WORKLOAD, cold=cold,
                                     wait_line=wait_line, procs=procs, ranks=nranks)
                     )  # fmt: skip
                 except (RuntimeError, OSError, subprocess.SubprocessError, SystemExit) as e:

@@ -6,7 +6,8 @@ dmtcp_launch with its own coordinator on a free port; `dmtcp_command
 --bcheckpoint` is timed (DMTCP's gzip off, as ckptd writes uncompressed),
 the pause is measured from inside exactly as for ckptd (SIGUSR1: the
 longest gap in the workload's own progress), the process is killed with
-SIGKILL, the image evicted from the page cache, and `dmtcp_restart` is
+SIGKILL, the image evicted from the page cache and the freed memory left
+to settle (bench.py's SETTLE_S, as for ckptd), and `dmtcp_restart` is
 timed until the workload answers again.
 
 The options are passed as environment variables, which DMTCP 2.x and 3.x
@@ -82,13 +83,13 @@ def bench_dmtcp(
     mib: int,
     workload: Path,
     *,
-    evict: Callable[[Path], None],
+    cold: Callable[..., None],
     wait_line: Callable[[Path, str], str],
     procs: int = 1,
     ranks: int = 0,
 ) -> dict[str, Any]:
-    """bench.py's own helpers come in: evict a file from the page cache,
-    wait for a line of a log.  procs > 1: a tree of that many processes
+    """bench.py's own helpers come in: evict files from the page cache
+    and let the freed memory settle (cold), wait for a line of a log.  procs > 1: a tree of that many processes
     (bench_workload.py forks them); ranks > 0: that many ranks of
     bench_rank_workload.py (workload), each its own dmtcp_launch, talking
     over loopback TCP, checkpointed and restarted together."""
@@ -158,8 +159,7 @@ def bench_dmtcp(
         deadline = time.monotonic() + 30
         while _clients(env, running=False) and time.monotonic() < deadline:
             time.sleep(0.1)
-        for img in images:
-            evict(img)
+        cold(*images)
         # dmtcp_restart gives the restored processes its own stdout and
         # stderr: a job's log goes on in its log, ranks all print to one
         restart_log = logs[0] if not ranks else work / "restart.log"
