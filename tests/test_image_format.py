@@ -15,7 +15,7 @@ from ckptd.agent.shim_link import Message, format_message
 
 from ckptd.errors import CkptdError, Code
 from ckptd.image import core
-from ckptd.image.manifest import checksum_entries, load_manifest, verify_files, write_manifest
+from ckptd.image.manifest import check_pending, checksum_entries, load_manifest, verify_files, write_manifest
 from ckptd.native import native_path
 
 
@@ -57,6 +57,36 @@ def test_manifest_roundtrip_and_tamper(tmp_path: Path) -> None:
     with pytest.raises(CkptdError) as e:
         verify_files(tmp_path, load_manifest(tmp_path, key))
     assert "missing" in e.value.message
+
+
+def test_deferred_memory_images_are_checked_together_and_a_bad_one_is_named(tmp_path: Path) -> None:
+    """A restart defers the memory images' checksums and checks them while
+    the restorers read them, each image on a thread of its own
+    (check_pending): every byte is counted once, and the image that fails
+    is the one the error names, not whichever thread finished first."""
+    for i in range(4):
+        (tmp_path / f"proc-{i + 2}").mkdir()
+        (tmp_path / f"proc-{i + 2}" / "pages.img").write_bytes(os.urandom(3 << 20))
+    files = checksum_entries(tmp_path)
+    key = os.urandom(32)
+    write_manifest(tmp_path, {"job": "j", "id": 1, "created": "now", "files": files}, key)
+    total = sum(int(f["size"]) for f in files)
+
+    counted: list[int] = []
+    pending = verify_files(tmp_path, load_manifest(tmp_path, key), defer=lambda path: path.endswith("pages.img"))
+    assert len(pending) == 4
+    check_pending(pending, counted.append)
+    assert sum(counted) == total
+
+    bad = tmp_path / "proc-4" / "pages.img"
+    data = bytearray(bad.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size: only the checksum can tell
+    bad.write_bytes(bytes(data))
+    pending = verify_files(tmp_path, load_manifest(tmp_path, key), defer=lambda path: path.endswith("pages.img"))
+    with pytest.raises(CkptdError) as e:
+        check_pending(pending)
+    assert e.value.code is Code.DATA_LOSS
+    assert "proc-4/pages.img fails its checksum" in e.value.message
 
 
 def test_core_reader_rejects_garbage(tmp_path: Path) -> None:

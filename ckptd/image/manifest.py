@@ -18,7 +18,9 @@ from __future__ import annotations
 import json
 import os
 import stat
+import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -383,9 +385,36 @@ def verify_files(
     return pending
 
 
+# The memory images of a restart are checked while their restorers read
+# them (agent/restore.py), each by a thread of its own, at most this many at
+# once: every image is then read ahead of the process restored from it, so
+# that the restorer's drop of each piece it has copied (native/restorer/mem.c,
+# fill_run) frees pages this read has already hashed.
+CHECK_THREADS = 8
+
+
 def check_pending(pending: list[PendingChecksum], progress: Callable[[int], None] | None = None) -> None:
-    for check in pending:
-        if hash_file(check.path, progress) != check.digest:
+    """Every pending file hashed (in parallel), DATA_LOSS naming the first
+    in the list that fails its checksum."""
+    if len(pending) > 1:
+        lock = threading.Lock()
+        counted: Callable[[int], None] | None = None
+        if progress is not None:
+            report = progress
+
+            def counted(n: int) -> None:
+                with lock:
+                    report(n)
+
+        def digest(check: PendingChecksum) -> str:
+            return hash_file(check.path, counted)
+
+        with ThreadPoolExecutor(min(CHECK_THREADS, len(pending)), thread_name_prefix="checksum") as pool:
+            digests = list(pool.map(digest, pending))
+    else:
+        digests = [hash_file(check.path, progress) for check in pending]
+    for check, got in zip(pending, digests, strict=True):
+        if got != check.digest:
             raise CkptdError(Code.DATA_LOSS, check.failure)
 
 

@@ -38,6 +38,13 @@
  * coming first and all the reading after (BENCHMARKS.md, first section). */
 #define FILL_PIECE (64ull << 20)
 
+/* Fresh huge pages slower than this (bytes a second) and the rest of a run
+ * is filled in 4 KiB pages (fill_run). */
+#define HUGE_MIN_RATE (1ull << 30)
+#ifndef MADV_NOHUGEPAGE
+#define MADV_NOHUGEPAGE 15
+#endif
+
 static int overlaps(uint64_t a0, uint64_t a1, uint64_t b0, uint64_t b1) { return a0 < b1 && b0 < a1; }
 
 static const char *special_name(const struct rst_image *im, const struct ck_vma *v)
@@ -128,11 +135,44 @@ void rst_unmap_all_but_hole(void)
 
 static uint64_t piece_at(uint64_t len, uint64_t at) { return len - at < FILL_PIECE ? len - at : FILL_PIECE; }
 
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    if (ck_clock_gettime(CLOCK_MONOTONIC, &ts) < 0)
+        return 0;
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/*
+ * Memory the job advised MADV_HUGEPAGE is filled in huge pages, as the job
+ * had it, while they come cheap.  On a VM whose host takes freed memory
+ * back (free page reporting) fresh huge pages were faulted in at
+ * 0.27-0.51 GB/s here where fresh 4 KiB pages came at 1.3-2.2 GB/s
+ * (BENCHMARKS.md, first section), and which kind a piece gets depends on
+ * how much memory was freed how recently.  So each piece of such a run is
+ * timed; once one is slower than HUGE_MIN_RATE, the rest of the run is
+ * marked MADV_NOHUGEPAGE and filled in 4 KiB pages (`small`), and map_one
+ * gives the mapping its advice back after the fill.  The job's mappings
+ * and advice are then as it had them; only what backs them differs: 4 KiB
+ * pages until khugepaged collapses them, so the next checkpoints' writers
+ * fork slower (about 20 ms a GiB) until then.
+ */
+static struct {
+    int huge;                /* the run's mapping is advised MADV_HUGEPAGE */
+    volatile uint32_t small; /* the rest of the run goes to 4 KiB pages */
+} thp;
+
 /* piece c of the run of len bytes at addr: its memory allocated */
 static void populate_piece(uint64_t addr, uint64_t len, uint32_t c)
 {
-    uint64_t at = (uint64_t)c * FILL_PIECE;
-    (void)ck_madvise((void *)(addr + at), piece_at(len, at), MADV_POPULATE_WRITE);  /* best effort: 5.14+ */
+    uint64_t at = (uint64_t)c * FILL_PIECE, n = piece_at(len, at);
+    int timed = thp.huge && !__atomic_load_n(&thp.small, __ATOMIC_ACQUIRE);
+    uint64_t t0 = timed ? now_ns() : 0;
+    (void)ck_madvise((void *)(addr + at), n, MADV_POPULATE_WRITE);  /* best effort: 5.14+ */
+    if (!t0 || now_ns() - t0 <= n * 1000000000ull / HUGE_MIN_RATE || at + n >= len)
+        return;
+    if (!__atomic_exchange_n(&thp.small, 1, __ATOMIC_ACQ_REL))
+        (void)ck_madvise((void *)(addr + at + n), len - at - n, MADV_NOHUGEPAGE);  /* best effort */
 }
 
 /*
@@ -281,10 +321,27 @@ static void populated(uint64_t addr, uint64_t len, uint32_t i)
     }
 }
 
-/* len bytes at offset off of fd into memory at addr (FILL_PIECE) */
-static void fill_run(int fd, uint64_t addr, uint64_t len, uint64_t off, int populate)
+#ifndef POSIX_FADV_DONTNEED
+#define POSIX_FADV_DONTNEED 4
+#endif
+
+/* len bytes at offset off of fd into memory at addr (FILL_PIECE).  own: fd
+ * is this process's own pages.img (a run with src 0), and each piece is
+ * dropped from the page cache once copied.  The agent's checksum reads every
+ * image alongside its restorer and ahead of it (check_pending in
+ * ckptd/image/manifest.py), so the pages the cache gives back are the ones
+ * its next read takes, still backed: the restore needs fresh memory for the
+ * process and the agent's lead, not also for a page cache as large as the
+ * image, and on this VM fresh memory is the restart's largest cost
+ * (BENCHMARKS.md, first section).  A reader that comes later after all (the
+ * agent when behind; rank 1's restorer reading rank 0's pages under --dedup)
+ * reads the piece from storage again: slower, the same bytes. */
+/* returns whether the run went to 4 KiB pages (populate_piece) */
+static int fill_run(int fd, uint64_t addr, uint64_t len, uint64_t off, int populate, int own, int huge)
 {
     uint32_t npieces = (uint32_t)((len + FILL_PIECE - 1) / FILL_PIECE);
+    thp.huge = huge;
+    thp.small = 0;
     int helped = populate && npieces > 1 && helper_start(addr, len, npieces);
     if (len > FILL_PIECE)
         (void)ck_sc3(SYS_readahead, fd, off, FILL_PIECE);  /* best effort, as each one below */
@@ -294,17 +351,23 @@ static void fill_run(int fd, uint64_t addr, uint64_t len, uint64_t off, int popu
         if (at + n < len)
             (void)ck_sc3(SYS_readahead, fd, off + at + n, piece_at(len, at + n));
         if (populate && !helped)
-            (void)ck_madvise((void *)(addr + at), n, MADV_POPULATE_WRITE);  /* best effort: 5.14+ */
+            populate_piece(addr, len, i);
         else if (populate)
             populated(addr, len, i);
         rst_pread_all(fd, (void *)(addr + at), n, off + at, "cannot read pages.img (truncated?)");
+        if (own)
+            (void)ck_sc6(SYS_fadvise64, fd, (long)(off + at), (long)n, POSIX_FADV_DONTNEED, 0, 0);  /* best effort */
     }
     if (helped)
         helper_finish();
+    return (int)thp.small;
 }
 
-static void fill_pages(const struct rst_image *im, const struct ck_vma *v)
+/* returns whether a run went to 4 KiB pages: the mapping's advice is then
+ * to be given back */
+static int fill_pages(const struct rst_image *im, const struct ck_vma *v)
 {
+    int small = 0;
     for (uint64_t r = v->first_run; r < v->first_run + v->nruns; r++) {
         const struct ck_page_run *run = &im->runs[r];
         uint64_t len = run->npages * CK_PAGE_SIZE;
@@ -319,9 +382,10 @@ static void fill_pages(const struct rst_image *im, const struct ck_vma *v)
                 (void)ck_madvise((void *)run->vaddr, len, MADV_POPULATE_WRITE);  /* best effort: 5.14+ */
             rst_seal_read(run->src, (void *)run->vaddr, len, run->offset);
         } else {
-            fill_run(fd, run->vaddr, len, run->offset, populate);
+            small |= fill_run(fd, run->vaddr, len, run->offset, populate, !run->src, (v->madv & CK_MADV_HUGEPAGE) != 0);
         }
     }
+    return small;
 }
 
 static void replay_advice(const struct ck_vma *v)
@@ -484,14 +548,14 @@ static void map_one(const struct rst_image *im, const struct ck_vma *v)
         fail_at("cannot map memory back at its address", v, ck_mmap_failed(p) ? (long)p : -EEXIST);
     /* before the fill: memory advised MADV_HUGEPAGE is then filled in huge
      * pages, as the job had it (fewer faults now, a cheap fork for the
-     * next checkpoint's writer) */
+     * next checkpoint's writer), while they come cheap (populate_piece) */
     replay_advice(v);
     if (fill_first)
         ;  /* filled above */
     else if (rst.lazy_uffd >= 0 && rst_vma_lazy(im, v))
         rst_lazy_register(v);  /* the pager fills it once the job runs */
-    else
-        fill_pages(im, v);
+    else if (fill_pages(im, v))
+        replay_advice(v);  /* MADV_HUGEPAGE back where the fill went to 4 KiB pages */
     if (prot != (int)v->prot) {
         long rc = ck_mprotect((void *)v->start, len, (int)v->prot);
         if (rc < 0)
