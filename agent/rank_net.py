@@ -50,6 +50,7 @@ import logging
 import os
 import re
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -75,6 +76,33 @@ _CAP_NET_ADMIN = 12
 _CAP_SYS_ADMIN = 21
 
 _lock = threading.RLock()
+
+# The job-wide routes this agent put in last, so that the ranks of a job on
+# this node, each setting up its network in a restart, do not each replace
+# every VIP's routes again: R ranks on a node made R times (all ranks) netlink
+# requests per restart, one per route (BENCHMARKS.md, the rank curve).  An
+# entry counts for INSTALLED_FOR_S only, since a restart's ranks set up within
+# seconds and a route someone else removed meanwhile is then put back by the
+# next restart; a VIP's "via" entry is forgotten whenever this module routes
+# that VIP otherwise (the rank now here, its carrier up, its netns removed).
+INSTALLED_FOR_S = 30.0
+_reserved: dict[str, float] = {}  # VIP -> when its "unreachable" route went in
+_via: dict[str, tuple[str, float]] = {}  # VIP -> (node IP, when its route via that node went in)
+
+
+def _fresh(when: float, now: float) -> bool:
+    return now - when < INSTALLED_FOR_S
+
+
+def _forget_route(vip: str) -> None:
+    _via.pop(vip, None)
+
+
+def _routed_via(vip: str, node_ip: str, now: float) -> bool:
+    ip, when = _via.get(vip, ("", 0.0))
+    return ip == node_ip and _fresh(when, now)
+
+
 _ALIAS_RE = re.compile(r"vip=(\d+\.\d+\.\d+\.\d+)")
 
 
@@ -280,6 +308,7 @@ def create_rank_netns(node: str, job: str, rank: int, vip: str, carrier: bool) -
     name, veth = netns_name(node, job, rank), _veth_name(node, job, rank)
     path = netns_path(name)
     with _lock:
+        _forget_route(vip)  # its route "via" another node is deleted below
         delete_rank_netns(node, job, rank)  # idempotent: start from scratch
         enable_forwarding()
         try:
@@ -349,6 +378,7 @@ def set_carrier(node: str, job: str, rank: int, up: bool) -> None:
                     vip = _vip_of(ipr, idx, netns_path(netns_name(node, job, rank)))
                     if vip is None:
                         raise RankNetError(f"cannot tell the VIP of rank {rank} of job {job}: recreate its netns")
+                    _forget_route(vip)
                     _route_to_veth(ipr, vip, idx)
         except (OSError, NetlinkError) as e:
             raise _fail(f"cannot set the carrier of rank {rank} of job {job} {'up' if up else 'down'}", e) from e
@@ -369,6 +399,7 @@ def delete_rank_netns(node: str, job: str, rank: int) -> None:
                     # Deleting one end destroys the pair, even if processes still hold the rank netns open.
                     _ignore((errno.ENODEV,), ipr.link, "del", index=idx)
                 if vip is not None:
+                    _forget_route(vip)
                     _ignore(
                         (errno.ESRCH,),
                         ipr.route,
@@ -391,31 +422,45 @@ def delete_rank_netns(node: str, job: str, rank: int) -> None:
 
 
 def reserve_vips(vips: list[str]) -> None:
-    """An "unreachable" route for each VIP of the job, under the real ones."""
+    """An "unreachable" route for each VIP of the job, under the real ones
+    (those put in here in the last INSTALLED_FOR_S are left as they are)."""
     _require_caps()
+    for vip in vips:
+        _check_vip(vip)
     with _lock:
+        now = time.monotonic()
+        todo = [vip for vip in vips if not _fresh(_reserved.get(vip, -INSTALLED_FOR_S), now)]
+        if not todo:
+            return
         try:
             with _ipr() as ipr:
-                for vip in vips:
-                    _check_vip(vip)
+                for vip in todo:
                     ipr.route("replace", dst=f"{vip}/32", type="unreachable", priority=RESERVED_METRIC,
                               proto=RTPROT_CKPTD)  # fmt: skip
+                    _reserved[vip] = now
         except (OSError, NetlinkError) as e:
             raise _fail("cannot reserve the job's addresses", e) from e
 
 
 def set_job_routes(local_node_ip: str, ranks: list[RankAddress]) -> None:
-    """Route the VIPs of ranks on other nodes via those nodes (local ranks are routed by create_rank_netns)."""
+    """Route the VIPs of ranks on other nodes via those nodes (local ranks are
+    routed by create_rank_netns); a route put in here in the last
+    INSTALLED_FOR_S, via the same node, is left as it is."""
     _require_caps()
+    remote = [r for r in ranks if r.node_ip and r.node_ip != local_node_ip]
+    for r in remote:
+        _check_vip(r.vip)
     with _lock:
+        now = time.monotonic()
+        todo = [r for r in remote if not _routed_via(r.vip, r.node_ip, now)]
+        if not todo:
+            return
         try:
             with _ipr() as ipr:
-                for r in ranks:
-                    if not r.node_ip or r.node_ip == local_node_ip:
-                        continue
-                    _check_vip(r.vip)
+                for r in todo:
                     try:
                         ipr.route("replace", dst=f"{r.vip}/32", gateway=r.node_ip, proto=RTPROT_CKPTD)
+                        _via[r.vip] = (r.node_ip, now)
                     except NetlinkError as e:
                         if e.code == errno.ENETUNREACH:
                             raise RankNetError(

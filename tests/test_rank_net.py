@@ -199,3 +199,32 @@ def test_rank_vips_across_nodes(cluster: Cluster) -> None:
     c.teardown()
     assert server.wait(timeout=10) != 0
     assert _netns_entries() - before == set(), "teardown left network namespaces behind"
+
+
+def test_a_rank_that_moves_here_and_away_again_gets_its_route_back(cluster: Cluster) -> None:
+    """set_job_routes leaves a route it put in moments ago alone (every rank
+    of a job on a node asks for the same routes in a restart), but not one
+    this node changed since: rank 1, routed via b, is restored here on a and
+    removed again, then routed via b once more, all in one agent process;
+    and a rank that moved from b to c within the same seconds is routed via c."""
+    c = cluster
+    via_b = [[1, VIP1, c.node_ip("b")]]
+    via_c = [[1, VIP1, c.node_ip("c")]]
+
+    def route_on_a() -> str:
+        p = subprocess.run([IP, "-n", c.netns("a"), "route", "show", VIP1], capture_output=True, text=True)
+        return p.stdout.strip()
+
+    node_call(
+        c,
+        "a",
+        ("set_job_routes", [c.node_ip("a"), via_b]),
+        ("create_rank_netns", ["a", JOB, 1, VIP1, True]),
+        ("delete_rank_netns", ["a", JOB, 1]),
+        ("set_job_routes", [c.node_ip("a"), via_b]),
+    )
+    assert f"via {c.node_ip('b')}" in route_on_a()
+
+    node_call(c, "a", ("set_job_routes", [c.node_ip("a"), via_b]), ("set_job_routes", [c.node_ip("a"), via_c]))
+    assert f"via {c.node_ip('c')}" in route_on_a()
+    assert f"via {c.node_ip('b')}" not in route_on_a()
