@@ -335,8 +335,8 @@ static void populated(uint64_t addr, uint64_t len, uint32_t i)
  * image, and on this VM fresh memory is the restart's largest cost
  * (BENCHMARKS.md, first section).  A reader that comes later after all (the
  * agent when behind; rank 1's restorer reading rank 0's pages under --dedup)
- * reads the piece from storage again: slower, the same bytes. */
-/* returns whether the run went to 4 KiB pages (populate_piece) */
+ * reads the piece from storage again: slower, the same bytes.  Returns
+ * whether the run went to 4 KiB pages (populate_piece). */
 static int fill_run(int fd, uint64_t addr, uint64_t len, uint64_t off, int populate, int own, int huge)
 {
     uint32_t npieces = (uint32_t)((len + FILL_PIECE - 1) / FILL_PIECE);
