@@ -90,8 +90,8 @@ _reserved: dict[str, float] = {}  # VIP -> when its "unreachable" route went in
 _via: dict[str, tuple[str, float]] = {}  # VIP -> (node IP, when its route via that node went in)
 
 
-def _fresh(when: float, now: float) -> bool:
-    return now - when < INSTALLED_FOR_S
+def _fresh(when: float | None, now: float) -> bool:
+    return when is not None and now - when < INSTALLED_FOR_S
 
 
 def _forget_route(vip: str) -> None:
@@ -99,8 +99,8 @@ def _forget_route(vip: str) -> None:
 
 
 def _routed_via(vip: str, node_ip: str, now: float) -> bool:
-    ip, when = _via.get(vip, ("", 0.0))
-    return ip == node_ip and _fresh(when, now)
+    entry = _via.get(vip)
+    return entry is not None and entry[0] == node_ip and _fresh(entry[1], now)
 
 
 _ALIAS_RE = re.compile(r"vip=(\d+\.\d+\.\d+\.\d+)")
@@ -429,7 +429,7 @@ def reserve_vips(vips: list[str]) -> None:
         _check_vip(vip)
     with _lock:
         now = time.monotonic()
-        todo = [vip for vip in vips if not _fresh(_reserved.get(vip, -INSTALLED_FOR_S), now)]
+        todo = [vip for vip in vips if not _fresh(_reserved.get(vip), now)]
         if not todo:
             return
         try:

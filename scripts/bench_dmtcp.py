@@ -88,11 +88,12 @@ def bench_dmtcp(
     procs: int = 1,
     ranks: int = 0,
 ) -> dict[str, Any]:
-    """bench.py's own helpers come in: evict files from the page cache
-    and let the freed memory settle (cold), wait for a line of a log.  procs > 1: a tree of that many processes
-    (bench_workload.py forks them); ranks > 0: that many ranks of
-    bench_rank_workload.py (workload), each its own dmtcp_launch, talking
-    over loopback TCP, checkpointed and restarted together."""
+    """bench.py's own helpers come in: evict files from the page cache and
+    let the freed memory settle (cold), wait for a line of a log.  procs > 1:
+    a tree of that many processes (bench_workload.py forks them); ranks > 0:
+    that many ranks of bench_rank_workload.py (workload), each its own
+    dmtcp_launch, talking over loopback TCP, checkpointed and restarted
+    together."""
     what = f"{ranks}r" if ranks else f"{procs}x"
     work = base / f"dmtcp-{what}{mib}"
     ckpt = work / "ckpt"
