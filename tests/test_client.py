@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from concurrent import futures
 from pathlib import Path
 
 import pytest
@@ -68,3 +69,34 @@ def test_no_daemon_started_when_told_not_to(ckptd: Ckptd, monkeypatch: pytest.Mo
         Client(start_daemon=False).jobs()
     assert e.value.code is Code.UNAVAILABLE
     assert not ckptd.daemon_pids()
+
+
+def test_a_unix_socket_is_reachable_only_while_something_listens(tmp_path: Path) -> None:
+    """rpc.reachable, which every command asks before its first RPC: a plain
+    connect for a Unix socket (no gRPC channel to close), true for a live
+    gRPC server, false for a socket nobody listens on any more, a plain
+    file and nothing at all."""
+    import socket
+
+    import grpc
+
+    from ckptd.rpc import reachable
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    live = tmp_path / "live.sock"
+    server.add_insecure_port(f"unix:{live}")
+    server.start()
+    try:
+        assert reachable(f"unix:{live}")
+        assert reachable(f"unix://{live}")
+    finally:
+        server.stop(None).wait()
+    assert live.exists() is False or not reachable(f"unix:{live}")
+    stale = tmp_path / "stale.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.bind(str(stale))  # bound, never listening: what a dead daemon leaves
+    assert not reachable(f"unix:{stale}")
+    plain = tmp_path / "plain"
+    plain.write_text("not a socket")
+    assert not reachable(f"unix:{plain}")
+    assert not reachable(f"unix:{tmp_path / 'nothing'}")
