@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """ckptd benchmark: checkpoint and restart of one process at several resident
 sizes, next to the raw sequential bandwidth of the same directory measured
-in the same run (times are ckptd's own, without the CLI's start-up).  Writes a Markdown table (stdout, and --out FILE).
+in the same run.  Writes a Markdown table (stdout, and --out FILE).
 
     scripts/bench.py [--dir DIR] [--sizes 256,1024,4096] [--trees 8x256] [--out BENCHMARKS.md]
     scripts/bench.py --ranks 1,2,4 [--rank-mib 256] [--sizes ''] [--trees '']
@@ -12,8 +12,10 @@ launched under ckptd and checkpointed (time from `ckptctl checkpoint` until
 committed, including checksums and fsync), its pause is measured from its
 own progress timestamps, it is killed with SIGKILL, its checkpoint files are
 evicted from the page cache, the freed memory left to settle (SETTLE_S below),
-and `ckptctl restart` is timed (verification
-of every checksum plus the restore).  Ratios compare ckptd's throughput on
+and `ckptctl restart` is timed from the command's start to its return, the
+job running (the CLI's start-up and its RPC, the verification of every
+checksum, the restore; the coordinator's own figure, without the CLI, in
+parentheses).  Checkpoint times are the coordinator's (request to commit).  Ratios compare ckptd's throughput on
 the image with the raw bandwidth, and with a read of the same file into
 new memory (measured after the job).  --trees adds process trees (8x256: eight
 processes of 256 MiB each), checkpointed and restarted as one job.  --ranks
@@ -46,8 +48,9 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from bench_dmtcp import bench_dmtcp, dmtcp_table  # noqa: E402  (next to this script)
+from bench_dmtcp import bench_dmtcp, compress_table, dmtcp_table  # noqa: E402  (next to this script)
 from bench_encrypt import bench_encrypt, encrypt_table  # noqa: E402
+from bench_move import bench_move, move_table  # noqa: E402
 from bench_nodes import Nodes  # noqa: E402
 
 WORKLOAD = HERE / "bench_workload.py"
@@ -111,12 +114,21 @@ def raw_read(path: Path) -> float:
     return n / (time.monotonic() - t)
 
 
+def console_script(name: str) -> str:
+    """ckptd's command as its venv runs it: the script beside this Python,
+    not a wrapper found first on PATH (pyenv's shim adds 0.1 s to every
+    command, which the restart's time would count)."""
+    mine = Path(sys.executable).parent / name
+    return str(mine) if mine.exists() else name
+
+
 class Ckptd:
     def __init__(self, home: Path) -> None:
         self.env = dict(os.environ, CKPTD_HOME=str(home))
 
     def run(self, *args: str) -> str:
-        p = subprocess.run(args, check=False, env=self.env, capture_output=True, text=True)
+        argv = [console_script(args[0]), *args[1:]] if args[0] in ("ckptd", "ckptctl") else list(args)
+        p = subprocess.run(argv, check=False, env=self.env, capture_output=True, text=True)
         if p.returncode != 0:
             raise SystemExit(f"{' '.join(args)} failed: {p.stderr.strip()}")
         return p.stdout
@@ -211,7 +223,9 @@ def kill_and_restart(c: Ckptd, job: str, info: dict, alive: Callable[[], object]
     restart's figures."""
     kill9(c, job)
     cold(Path(info["path"]))
-    restart_s = float(c.json("ckptctl", "restart", job)["duration_s"])
+    t = time.monotonic()
+    own_s = float(c.json("ckptctl", "restart", job)["duration_s"])
+    restart_s = time.monotonic() - t  # the command's: CLI start-up and its RPC included, as DMTCP's
     time.sleep(0.5)
     alive()
     c.run("ckptctl", "kill", job)
@@ -223,6 +237,7 @@ def kill_and_restart(c: Ckptd, job: str, info: dict, alive: Callable[[], object]
         "stall_s": float(info["stall_s"]),
         "image": image,
         "restart_s": restart_s,
+        "restart_own_s": own_s,  # the coordinator's own timing: request to running
         "write_bw": image / ckpt_s,
         "read_bw": image / restart_s,
     }
@@ -384,7 +399,7 @@ def ranks_table(rows: list[dict[str, Any]]) -> str:
         "| of it: prepare / drain / dump / resume | issuing requests s | worst round trip less own s "
         "| ranks' own s (slowest, per phase) "
         "| of it: prepare / drain / dump / resume | stall s | paused s (from inside) "
-        "| finalize s | commit s | checkpoint s | restart s |\n" + "|---:" * 15 + "|\n"
+        "| finalize s | commit s | checkpoint s | restart s (command; ckptd's own) |\n" + "|---:" * 15 + "|\n"
     )
     body = ""
     for r in rows:
@@ -403,7 +418,7 @@ def ranks_table(rows: list[dict[str, Any]]) -> str:
             f"{r['finalize_s']:.3f}",
             f"{r['commit_s']:.3f}",
             f"{r['ckpt_s']:.2f}",
-            f"{r['restart_s']:.2f}",
+            f"{r['restart_s']:.2f}; {r['restart_own_s']:.2f}",
         ]
         body += "| " + " | ".join(cells) + " |\n"
     return head + body
@@ -489,8 +504,10 @@ def bench_tiering(base: Path, mib: int, codec: str, fill: str) -> dict[str, Any]
         paused = max(paused, gap(c, job, log))
     kill9(c, job)
     shutil.rmtree(stage / job / info["name"])  # the stage is lost with its node
-    evict(shared / job)
+    cold(shared / job)
+    t = time.monotonic()
     restart_s = float(c.json("ckptctl", "restart", job)["duration_s"])
+    restart_cmd_s = time.monotonic() - t  # from the command, CLI included (compress_table, beside DMTCP)
     time.sleep(0.5)
     gap(c, job, log)  # alive
     c.run("ckptctl", "kill", job)
@@ -510,6 +527,7 @@ def bench_tiering(base: Path, mib: int, codec: str, fill: str) -> dict[str, Any]
         "upload_s": float(info["upload_s"]),
         "shared_bytes": int(info["shared_bytes"]),
         "restart_s": restart_s,
+        "restart_cmd_s": restart_cmd_s,
     }
 
 
@@ -628,7 +646,8 @@ def table(rows: list[dict[str, float]], where: Path) -> str:
     head = (
         "| resident | checkpoint s | paused s (from inside) | image MiB | ckpt GB/s "
         "| raw write GB/s (before/after) | ckpt/raw "
-        "| restart s | restart GB/s | raw read GB/s | restart/raw | read into new memory GB/s | restart/that |\n"
+        "| restart s (ckptd's own) | restart GB/s | raw read GB/s | restart/raw | read into new memory GB/s "
+        "| restart/that |\n"
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
     )
     body = ""
@@ -646,7 +665,7 @@ def table(rows: list[dict[str, float]], where: Path) -> str:
             gb(r["raw_write"])
             + (f" ({gb(r['raw_write_before'])}/{gb(r['raw_write_after'])})" if "raw_write_after" in r else ""),
             f"{r['write_bw'] / r['raw_write']:.2f}",
-            f"{r['restart_s']:.2f}",
+            f"{r['restart_s']:.2f} ({r['restart_own_s']:.2f})",
             gb(r["read_bw"]),
             gb(r["raw_read"]),
             f"{r['read_bw'] / r['raw_read']:.2f}",
@@ -705,6 +724,10 @@ def main() -> int:
         help="checkpoints of processes of these many MiB with launch --encrypt next to plain ones, "
         "--encrypt-rounds each, in the same run ('' for none)",
     )  # fmt: skip
+    ap.add_argument(
+        "--move", default="",
+        help="restart of a process of these many MiB on its node and --on another (two namespace nodes; root)",
+    )  # fmt: skip
     ap.add_argument("--encrypt-rounds", type=int, default=3, help="checkpoints of each kind with --encrypt")
     ap.add_argument(
         "--settle", type=float, default=SETTLE_S,
@@ -724,13 +747,22 @@ def main() -> int:
     tier_rows: list[dict[str, Any]] = []
     lazy_rows: list[dict[str, Any]] = []
     dmtcp_rows: list[dict[str, Any]] = []
+    gzip_rows: list[dict[str, Any]] = []
     enc_rows: list[dict[str, Any]] = []
+    move_rows: list[dict[str, Any]] = []
     try:
         for mib in (int(s) for s in filter(None, args.encrypt.split(","))):
             print(f"benchmarking --encrypt with {mib} MiB ...", file=sys.stderr, flush=True)
             enc_rows.append(
                 bench_encrypt(base, mib, args.encrypt_rounds, ckptd=Ckptd, workload=WORKLOAD, wait_line=wait_line)
             )
+        if args.move:
+            with Nodes(base, 2) as pair:
+                for mib in (int(s) for s in filter(None, args.move.split(","))):
+                    print(f"benchmarking restart --on another node of {mib} MiB ...", file=sys.stderr, flush=True)
+                    move_rows.append(bench_move(base, mib, nodes=pair, ckptd=Ckptd, workload=WORKLOAD,
+                                                wait_line=wait_line, cold=cold, raw_read=raw_read,
+                                                raw_write=raw_write))  # fmt: skip
         for mib in (int(s) for s in filter(None, args.lazy.split(","))):
             print(f"benchmarking restart --lazy of {mib} MiB ...", file=sys.stderr, flush=True)
             lazy_rows.append(bench_lazy(base, mib))
@@ -775,6 +807,14 @@ def main() -> int:
                     )  # fmt: skip
                 except (RuntimeError, OSError, subprocess.SubprocessError, SystemExit) as e:
                     print(f"DMTCP with {procs} x {mib} MiB, {nranks} ranks failed: {e}", file=sys.stderr)
+            # --compress zstd beside DMTCP's gzip: the same process, the same fill
+            for mib, fill in dict.fromkeys((int(r["mib"]), r["fill"]) for r in tier_rows if r["codec"] == "zstd"):
+                print(f"benchmarking DMTCP with gzip, {mib} MiB ({fill}) ...", file=sys.stderr, flush=True)
+                try:
+                    gzip_rows.append(bench_dmtcp(base, mib, WORKLOAD, cold=cold, wait_line=wait_line, gzip=True,
+                                                 fill=fill))  # fmt: skip
+                except (RuntimeError, OSError, subprocess.SubprocessError, SystemExit) as e:
+                    print(f"DMTCP with gzip, {mib} MiB ({fill}) failed: {e}", file=sys.stderr)
         else:
             print("DMTCP not installed: no comparison", file=sys.stderr)
     finally:
@@ -802,10 +842,18 @@ def main() -> int:
         text += "\nEncryption at rest (launch --encrypt) against plain checkpoints, same run:\n\n" + encrypt_table(
             enc_rows
         )
+    if move_rows:
+        text += "\nRestart on the job's node and --on another node (two namespace nodes, one disk):\n\n" + move_table(
+            move_rows
+        )
     if lazy_rows:
         text += "\nLazy restore (checkpoint evicted before each restart):\n\n" + lazy_table(lazy_rows)
     if tier_rows:
         text += "\nTiering (stage and shared tier in the same directory):\n\n" + tiering_table(tier_rows)
+    if gzip_rows:
+        text += "\n--compress zstd beside DMTCP's gzip, same run (ratio ckptd/DMTCP):\n\n" + compress_table(
+            tier_rows, gzip_rows
+        )
     sys.stdout.write(text)
     if args.out:
         Path(args.out).write_text(text)

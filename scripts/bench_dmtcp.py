@@ -3,7 +3,8 @@ scripts/bench.py (used only when dmtcp_launch is on PATH).
 
 The same process (bench_workload.py, MIB MiB resident) runs under
 dmtcp_launch with its own coordinator on a free port; `dmtcp_command
---bcheckpoint` is timed (DMTCP's gzip off, as ckptd writes uncompressed),
+--bcheckpoint` is timed (DMTCP's gzip off, as ckptd writes uncompressed;
+on, set beside ckptd's --compress zstd, in compress_table),
 the pause is measured from inside exactly as for ckptd (SIGUSR1: the
 longest gap in the workload's own progress), the process is killed with
 SIGKILL, the image evicted from the page cache and the freed memory left
@@ -87,15 +88,18 @@ def bench_dmtcp(
     wait_line: Callable[[Path, str], str],
     procs: int = 1,
     ranks: int = 0,
+    gzip: bool = False,
+    fill: str = "",
 ) -> dict[str, Any]:
     """bench.py's own helpers come in: evict files from the page cache and
     let the freed memory settle (cold), wait for a line of a log.  procs > 1:
     a tree of that many processes (bench_workload.py forks them); ranks > 0:
     that many ranks of bench_rank_workload.py (workload), each its own
     dmtcp_launch, talking over loopback TCP, checkpointed and restarted
-    together."""
+    together.  gzip: DMTCP compresses its images (DMTCP_GZIP=1), to set
+    beside `ckptd launch --compress zstd`; fill: the workload's BENCH_FILL."""
     what = f"{ranks}r" if ranks else f"{procs}x"
-    work = base / f"dmtcp-{what}{mib}"
+    work = base / f"dmtcp-{what}{mib}{'-gzip' if gzip else ''}{'-' + fill if fill else ''}"
     ckpt = work / "ckpt"
     ckpt.mkdir(parents=True)
     port = str(_free_port())
@@ -105,8 +109,10 @@ def bench_dmtcp(
         DMTCP_PORT=port,  # DMTCP 2.x
         DMTCP_CHECKPOINT_DIR=str(ckpt),
         DMTCP_TMPDIR=str(work),
-        DMTCP_GZIP="0",
+        DMTCP_GZIP="1" if gzip else "0",
     )
+    if fill:
+        env["BENCH_FILL"] = fill
     for var in ("LD_PRELOAD", "CKPTD_JOB", "CKPTD_SHIM_SOCKET"):
         env.pop(var, None)
     quiet: dict[str, Any] = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
@@ -180,7 +186,7 @@ def bench_dmtcp(
         _gaps({real[v]: restart_log for v in first}, restarted)
         restart_s = time.monotonic() - t0
         return {"mib": mib, "procs": procs, "ranks": ranks, "image": image, "ckpt_s": ckpt_s, "paused_s": paused,
-                "restart_s": restart_s}  # fmt: skip
+                "restart_s": restart_s, "gzip": gzip, "fill": fill}  # fmt: skip
     finally:
         subprocess.run(["dmtcp_command", "--quit"], env=env, check=False, capture_output=True, timeout=30)
         for p in running:
@@ -200,7 +206,7 @@ def dmtcp_table(ckptd_rows: list[dict[str, Any]], dmtcp_rows: list[dict[str, Any
     (ckptd/DMTCP: below 1, ckptd takes less)."""
     head = (
         "| workload | checkpoint s ckptd / DMTCP | ratio | paused s ckptd / DMTCP | ratio "
-        "| image MiB ckptd / DMTCP | ratio | restart s ckptd / DMTCP | ratio |\n"
+        "| image MiB ckptd / DMTCP | ratio | restart s ckptd / DMTCP (from the command, CLI included) | ratio |\n"
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|\n"
     )
     body = ""
@@ -216,5 +222,40 @@ def dmtcp_table(ckptd_rows: list[dict[str, Any]], dmtcp_rows: list[dict[str, Any
                 cells += [f"{c[k] / scale:{fmt}} / {d[k] / scale:{fmt}}", f"{c[k] / d[k]:.2f}"]
             else:
                 cells += [f"- / {d[k] / scale:{fmt}}", "-"]
+        body += "| " + " | ".join(cells) + " |\n"
+    return head + body
+
+
+def compress_table(tier_rows: list[dict[str, Any]], gzip_rows: list[dict[str, Any]]) -> str:
+    """ckptd's --compress zstd (compressed on the way to the shared tier,
+    after the pause) beside DMTCP's gzip (compressed as it writes, the job
+    stopped), same workload, same run.  Stored bytes are over the resident
+    memory, for both; restarts are from the command, CLI included, with
+    the images evicted (ckptd's from the shared tier, its stage deleted)."""
+    head = (
+        "| resident | memory holds | stored/resident ckptd zstd / DMTCP gzip | ratio "
+        "| paused s ckptd / DMTCP | ckptd: stage commit s + upload s | DMTCP: checkpoint s "
+        "| restart s ckptd / DMTCP | ratio |\n"
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|\n"
+    )
+    body = ""
+    ours = {(int(r["mib"]), r["fill"]): r for r in tier_rows if r["codec"] == "zstd"}
+    for d in gzip_rows:
+        c = ours.get((int(d["mib"]), d["fill"]))
+        if c is None:
+            continue
+        resident = int(d["mib"]) << 20
+        mine, theirs = c["shared_bytes"] / resident, d["image"] / resident
+        cells = [
+            f"{d['mib']} MiB",
+            {"weights": "float32 N(0,1)", "pattern": "integer pattern"}.get(d["fill"], d["fill"]),
+            f"{mine:.2f} / {theirs:.2f}",
+            f"{mine / theirs:.2f}",
+            f"{c['paused_s']:.3f} / {d['paused_s']:.3f}",
+            f"{c['stage_s']:.2f} + {c['upload_s']:.2f}",
+            f"{d['ckpt_s']:.2f}",
+            f"{c['restart_cmd_s']:.2f} / {d['restart_s']:.2f}",
+            f"{c['restart_cmd_s'] / d['restart_s']:.2f}",
+        ]
         body += "| " + " | ".join(cells) + " |\n"
     return head + body
