@@ -48,7 +48,8 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from bench_dmtcp import bench_dmtcp, compress_table, dmtcp_table  # noqa: E402  (next to this script)
+from bench_cli import tool  # noqa: E402  (next to this script)
+from bench_dmtcp import bench_dmtcp, compress_table, dmtcp_table  # noqa: E402
 from bench_encrypt import bench_encrypt, encrypt_table  # noqa: E402
 from bench_move import bench_move, move_table  # noqa: E402
 from bench_nodes import Nodes  # noqa: E402
@@ -114,20 +115,14 @@ def raw_read(path: Path) -> float:
     return n / (time.monotonic() - t)
 
 
-def console_script(name: str) -> str:
-    """ckptd's command as its venv runs it: the script beside this Python,
-    not a wrapper found first on PATH (pyenv's shim adds 0.1 s to every
-    command, which the restart's time would count)."""
-    mine = Path(sys.executable).parent / name
-    return str(mine) if mine.exists() else name
-
-
 class Ckptd:
     def __init__(self, home: Path) -> None:
         self.env = dict(os.environ, CKPTD_HOME=str(home))
 
     def run(self, *args: str) -> str:
-        argv = [console_script(args[0]), *args[1:]] if args[0] in ("ckptd", "ckptctl") else list(args)
+        # the script beside this Python, as its venv runs it, not a wrapper
+        # first on PATH: pyenv's shim adds 0.1 s, which a restart's time counts
+        argv = [tool(args[0]), *args[1:]] if args[0] in ("ckptd", "ckptctl") else list(args)
         p = subprocess.run(argv, check=False, env=self.env, capture_output=True, text=True)
         if p.returncode != 0:
             raise SystemExit(f"{' '.join(args)} failed: {p.stderr.strip()}")
