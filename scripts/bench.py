@@ -15,9 +15,9 @@ evicted from the page cache, the freed memory left to settle (SETTLE_S below),
 and `ckptctl restart` is timed from the command's start to its return, the
 job running (the CLI's start-up and its RPC, the verification of every
 checksum, the restore; the coordinator's own figure, without the CLI, in
-parentheses).  Checkpoint times are the coordinator's (request to commit).  Ratios compare ckptd's throughput on
-the image with the raw bandwidth, and with a read of the same file into
-new memory (measured after the job).  --trees adds process trees (8x256: eight
+parentheses).  Checkpoint times are the coordinator's (request to commit).
+Ratios compare ckptd's throughput on the image with the raw bandwidth, and
+with a read of the same file into new memory (measured after the job).  --trees adds process trees (8x256: eight
 processes of 256 MiB each), checkpointed and restarted as one job.  --ranks
 adds multi-node jobs of 1, 2, 4 ranks (each rank its own network namespace
 and virtual IP, all on this machine's agent; root), exchanging messages
