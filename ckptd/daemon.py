@@ -30,7 +30,7 @@ from ckptd.errors import EXIT_CODES, CkptdError, Code
 from ckptd.image import seal
 from ckptd.jobstate import JobState
 from ckptd.paths import Home, default_node, private_umask
-from ckptd.rpc import bind, make_server, reachable, use_tls
+from ckptd.rpc import bind, call, coordinator_stub, make_server, reachable, use_tls
 from ckptd.tls import TlsFiles, subject_of
 from ckptd.v1 import ckptd_pb2_grpc as pb_grpc
 
@@ -300,7 +300,7 @@ def coordinator_address(home: Home, start: bool = True) -> str:
         deadline = time.monotonic() + DAEMON_START_TIMEOUT_S
         while time.monotonic() < deadline:
             if home.our_socket(home.coordinator_socket) and reachable(address, timeout=0.5):
-                _wait_agent(home)
+                _wait_agent(address)
                 return address
             if daemon.poll() is not None:
                 raise _start_failure(out, seen, daemon.returncode)
@@ -313,14 +313,21 @@ def coordinator_address(home: Home, start: bool = True) -> str:
     )
 
 
-def _wait_agent(home: Home) -> None:
-    address = f"unix:{home.agent_socket(default_node())}"
+def _wait_agent(coordinator: str) -> None:
+    """Until the new daemon's agent has registered with its coordinator: a
+    command sent sooner finds no node ("no agent is running").  Asked, not
+    slept on: a fixed pause raced the registration once reachable() no
+    longer took 0.2 s."""
+    from ckptd.v1 import ckptd_pb2 as pb
+
+    stub = coordinator_stub(coordinator)
+    node = default_node()
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        if home.our_socket(home.agent_socket(default_node())) and reachable(address, timeout=0.5):
-            time.sleep(0.2)  # let it register
-            return
-        time.sleep(0.05)
+        with contextlib.suppress(CkptdError):
+            if any(n.node == node and n.alive for n in call(stub.ListNodes, pb.Empty(), 1, "coordinator").nodes):
+                return
+        time.sleep(0.02)
 
 
 def _start_failure(out: Path, seen: int, status: int) -> CkptdError:

@@ -406,6 +406,13 @@ def test_daemon_killed_during_an_upload(ckptd: Ckptd, tmp_path: Path, fault_job:
     stage, shared = tmp_path / "stage", tmp_path / "shared"
     cell = Cell(ckptd, tmp_path, fault_job, "--stage-dir", str(stage), "--ckpt-dir", str(shared))
     cell.job_dir = stage / JOB
+    # the fault is for the second checkpoint's upload: armed while the
+    # first one's still ran, it killed the daemon before the checkpoint
+    # below, whose command then started a new one (a command 0.2 s faster)
+    deadline = time.monotonic() + 60
+    while not (shared / JOB / "ckpt-000001").is_dir():
+        assert time.monotonic() < deadline, "the first checkpoint never reached the shared tier"
+        time.sleep(0.05)
     cell.arm("daemon:upload:KILL")
     cell.attempt("checkpoint", JOB)  # committed on the stage; its upload kills the daemon
     cell.wait_daemon_gone()
