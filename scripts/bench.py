@@ -757,7 +757,7 @@ def main() -> int:
                     print(f"benchmarking restart --on another node of {mib} MiB ...", file=sys.stderr, flush=True)
                     move_rows.append(bench_move(base, mib, nodes=pair, ckptd=Ckptd, workload=WORKLOAD,
                                                 wait_line=wait_line, cold=cold, raw_read=raw_read,
-                                                raw_write=raw_write))  # fmt: skip
+                                                raw_write=raw_write, kill9=kill9))  # fmt: skip
         for mib in (int(s) for s in filter(None, args.lazy.split(","))):
             print(f"benchmarking restart --lazy of {mib} MiB ...", file=sys.stderr, flush=True)
             lazy_rows.append(bench_lazy(base, mib))

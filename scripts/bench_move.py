@@ -37,6 +37,7 @@ def bench_move(
     cold: Callable[..., None],
     raw_read: Callable[[Path], float],
     raw_write: Callable[[Path, int], float],
+    kill9: Callable[[Any, str], None],
 ) -> dict[str, Any]:
     first, other = nodes.names[0], nodes.names[1]
     raw = base / "move-raw.bin"
@@ -54,10 +55,7 @@ def bench_move(
     image = int(info["size_bytes"])
 
     def restart(*on: str) -> tuple[float, str]:
-        for pid in c.json("ckptctl", "status", job)["pids"]:
-            os.kill(pid, signal.SIGKILL)
-        while c.json("ckptctl", "status", job)["state"] in ("running", "checkpointing"):
-            time.sleep(0.05)
+        kill9(c, job)
         cold(Path(info["path"]))
         t = time.monotonic()
         resp = c.json("ckptctl", "restart", job, *on)
