@@ -29,10 +29,10 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psutil
 
@@ -71,6 +71,22 @@ DUMP_PARALLEL = 8
 CAPTURE_MODES = {0: "pause", 1: "writer", 2: "staged"}
 
 _ERRNO = re.compile(r"\(errno (\d+)\)")
+
+
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+
+
+def _side_by_side(fn: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:
+    """fn over every item at once (at most DUMP_PARALLEL), each result in
+    order; the first failure, in order, is raised once all have ended.  One
+    item runs on the calling thread: a thread start costs 4-77 ms on a
+    machine whose cores every rank shares (BENCHMARKS.md, the barrier's own
+    cost), and most ranks are one process."""
+    if len(items) <= 1:
+        return [fn(item) for item in items]
+    with ThreadPoolExecutor(max_workers=min(len(items), DUMP_PARALLEL)) as pool:
+        return list(pool.map(fn, items))
 
 
 def _storage_error(message: str, directory: str) -> CkptdError:
@@ -234,9 +250,7 @@ class Checkpointer:
             with contextlib.suppress(CkptdError):
                 conn.request("PREMAP", timeout=PREMAP_TIMEOUT_S)
 
-        if conns:
-            with ThreadPoolExecutor(max_workers=min(len(conns), DUMP_PARALLEL)) as pool:
-                list(pool.map(one, conns))
+        _side_by_side(one, conns)
 
     def _quiesce_tree(self, job: JobRuntime, timeout_s: float, live: list[int]) -> tuple[list[ShimConnection], int]:
         """Park every process of the job.  A process that forks while others are
@@ -456,8 +470,7 @@ class Checkpointer:
             raise CkptdError(Code.FAILED_PRECONDITION, f"job {job.name} is not quiesced (prepare first)")
         with job.cond:
             job.operation = "checkpoint: draining bytes in flight"
-        with ThreadPoolExecutor(max_workers=min(len(conns), DUMP_PARALLEL)) as pool:
-            list(pool.map(self._settle, conns))
+        _side_by_side(self._settle, conns)
         self._drained.add(job.name)
 
     def dump(self, job: JobRuntime, request: pb.DumpRequest) -> pb.DumpResponse:
@@ -487,21 +500,15 @@ class Checkpointer:
                     open_to_owner(d, job.owner)
             except OSError as err:
                 raise _storage_error(f"{err.strerror} (errno {err.errno})", request.dir) from err
-        with (
-            self.transfers.running(job.name, writing),
-            ThreadPoolExecutor(max_workers=min(len(conns), DUMP_PARALLEL)) as pool,
-        ):
+        with self.transfers.running(job.name, writing):
             # every process is parked: they write their images side by side
             key = job.key()  # re-read each time: never kept on disk by ckptd
             room = capture_budget.budget([c.host_pid for c in conns])
             sync = "" if room.fits else room.why()
             if sync:
                 log.warning("job %s: checkpoint %d written during the pause: %s", job.name, ckpt_id, sync)
-            futures = [pool.submit(self._dump_one, conn, request, job.owner, key, sync) for conn in conns]
-            errors = [e for f in futures if (e := f.exception()) is not None]
-            if errors:
-                raise errors[0]
-            resp = pb.DumpResponse(processes=[f.result() for f in futures])
+            dumped = _side_by_side(lambda conn: self._dump_one(conn, request, job.owner, key, sync), conns)
+            resp = pb.DumpResponse(processes=dumped)
             # the objects of the job's own IPC namespace, once for the job, still parked
             sysv_ipc.check_sem_undo(Path(request.dir), [p.dir for p in resp.processes])
             sysv_ipc.save(conns[0].host_pid, Path(request.dir), encrypted=key is not None)
@@ -535,12 +542,7 @@ class Checkpointer:
             with contextlib.suppress(CkptdError):
                 conn.request(command, timeout=RELEASE_TIMEOUT_S)
 
-        if len(conns) <= 1:
-            for conn in conns:
-                one(conn)
-            return
-        with ThreadPoolExecutor(max_workers=min(len(conns), DUMP_PARALLEL)) as pool:
-            list(pool.map(one, conns))
+        _side_by_side(one, conns)
 
     @staticmethod
     def _back_to_running(job: JobRuntime) -> None:

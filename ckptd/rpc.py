@@ -11,6 +11,8 @@ INTERNAL with a pointer to the daemon log.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import functools
 import inspect
 import logging
@@ -73,8 +75,8 @@ def coordinator_stub(address: str) -> pb_grpc.CoordinatorStub:
     return pb_grpc.CoordinatorStub(channel(address))
 
 
-def agent_stub(address: str) -> pb_grpc.AgentStub:
-    return pb_grpc.AgentStub(channel(address))
+def agent_stub(address: str) -> AgentStub:
+    return AgentStub(address)
 
 
 def call(method: Callable[..., Any], request: Any, timeout: float | None, what: str) -> Any:
@@ -94,54 +96,115 @@ FAN_OUT = 256
 STOPPED_POLL_S = 2.0
 
 
+class AgentStub(pb_grpc.AgentStub):
+    """An agent's stub that knows its address, so that call_many can reach
+    the same agent on its own channel."""
+
+    def __init__(self, address: str) -> None:
+        super().__init__(channel(address))
+        self.address = address
+
+
+class _Fanout:
+    """The event loop call_many's RPCs run on: one thread, one grpc.aio
+    channel per address, for the life of the process.
+
+    The synchronous API puts each channel's calls on a thread of their own
+    (grpc's channel spin thread), started whenever the channel goes from no
+    call in flight to one, and every round's phase starts from none.  At 64
+    ranks over 16 agents on 2 busy cores those starts took 4-77 ms each and
+    1.3 s of a round's requests in all (BENCHMARKS.md, the barrier's own
+    cost): the coordinator's serial part.  Here a request is a coroutine
+    handed to a loop that is already running."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._pid = 0
+
+    def loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None or self._pid != os.getpid():  # a forked child starts its own
+                self._loop = asyncio.new_event_loop()
+                self._channels = {}
+                self._pid = os.getpid()
+                threading.Thread(target=self._loop.run_forever, name="ckptd-fanout", daemon=True).start()
+            return self._loop
+
+    def _channel(self, address: str) -> grpc.aio.Channel:
+        """address's channel; only ever called on the loop's thread."""
+        ch = self._channels.get(address)
+        if ch is None:
+            if address.startswith("unix:"):
+                ch = grpc.aio.insecure_channel(address, options=_OPTIONS)
+            else:
+                tls = _client_tls(address)
+                creds = grpc.ssl_channel_credentials(
+                    root_certificates=tls.ca, private_key=tls.key, certificate_chain=tls.cert
+                )
+                ch = grpc.aio.secure_channel(address, creds, options=_OPTIONS)
+            self._channels[address] = ch
+        return ch
+
+    async def call(self, address: str, method: str, request: Any, timeout: float | None, stamp: list[float]) -> Any:
+        stub = pb_grpc.AgentStub(self._channel(address))
+        stamp[0] = time.monotonic()
+        try:
+            return await getattr(stub, method)(request, timeout=timeout)
+        finally:
+            stamp[1] = time.monotonic()
+
+
+_fanout = _Fanout()
+
+
 def call_many(
-    calls: list[tuple[Any, Any, float | None, str]],
+    calls: list[tuple[AgentStub, str, Any, float | None, str]],
     stopped: Callable[[int], str | None] | None = None,
     times: list[tuple[float, float]] | None = None,
 ) -> list[Any]:
-    """Unary RPCs (method: a stub's unary-unary callable, with .future;
-    request, timeout, what) all at once, at most
-    FAN_OUT in flight, without a thread each (gRPC futures); each answer,
-    or the CkptdError it failed with, in the order given.  stopped(i), when
-    given, is asked every STOPPED_POLL_S while call i is unanswered: a reason
-    (its peer stopped: no heartbeats) fails that call at once, UNAVAILABLE,
-    instead of at its timeout, which may be hours.  times, when given, gets
-    each call's (sent, answered) on time.monotonic(), in the order given."""
-    slots = threading.BoundedSemaphore(FAN_OUT)
+    """Unary RPCs (an agent's stub, the method's name, request, timeout,
+    what) all at once, at most FAN_OUT in flight, on one event loop
+    (_Fanout) rather than a thread each; each answer, or the CkptdError it
+    failed with, in the order given.  stopped(i), when given, is asked every
+    STOPPED_POLL_S while call i is unanswered: a reason (its peer stopped: no
+    heartbeats) fails that call at once, UNAVAILABLE, instead of at its
+    timeout, which may be hours.  times, when given, gets each call's (sent,
+    answered) on time.monotonic(), in the order given."""
+    loop = _fanout.loop()
+    slots = asyncio.Semaphore(FAN_OUT)  # bound to the loop where first awaited (3.10+)
+
+    async def bounded(address: str, method: str, request: Any, timeout: float | None, stamp: list[float]) -> Any:
+        async with slots:
+            return await _fanout.call(address, method, request, timeout, stamp)
+
     pending = []
     stamps: list[list[float]] = []
-    for method, request, timeout, what in calls:
-        slots.acquire()
-        stamp = [time.monotonic(), 0.0]
-        try:
-            future = method.future(request, timeout=timeout)
-        except BaseException:
-            slots.release()
-            raise
-
-        def done(_f: Any, stamp: list[float] = stamp) -> None:
-            stamp[1] = time.monotonic()
-            slots.release()
-
-        future.add_done_callback(done)
-        pending.append((future, what))
+    for stub, method, request, timeout, what in calls:
+        stamp = [0.0, 0.0]
+        coro = bounded(stub.address, method, request, timeout, stamp)
+        pending.append((asyncio.run_coroutine_threadsafe(coro, loop), what))
         stamps.append(stamp)
     out: list[Any] = []
     for i, (future, what) in enumerate(pending):
         while True:
             try:
                 out.append(future.result(timeout=STOPPED_POLL_S if stopped else None))
-            except grpc.FutureTimeoutError:
+            except concurrent.futures.TimeoutError:
                 why = stopped(i) if stopped else None
                 if why is None:
                     continue
                 future.cancel()
                 out.append(CkptdError(Code.UNAVAILABLE, why))
+            except concurrent.futures.CancelledError:
+                out.append(CkptdError(Code.ABORTED, f"{what}: the call was cancelled"))
             except grpc.RpcError as e:
                 out.append(CkptdError.from_rpc(e, what))
             break
     if times is not None:
-        times.extend((sent, answered or time.monotonic()) for sent, answered in stamps)
+        now = time.monotonic()
+        times.extend((sent or now, answered or now) for sent, answered in stamps)
     return out
 
 

@@ -50,9 +50,8 @@ from ckptd.errors import CkptdError, Code
 from ckptd.image.checksum import ALGORITHM
 from ckptd.image.manifest import Chain, Manifest, Phase, RankEntry, RankPart, Sizes, write_manifest
 from ckptd.jobstate import JobState
-from ckptd.rpc import call_many
+from ckptd.rpc import AgentStub, call_many
 from ckptd.v1 import ckptd_pb2 as pb
-from ckptd.v1 import ckptd_pb2_grpc as pb_grpc
 
 from .catalog import Catalog, info_from_manifest, storage_error
 from .jobs import JobRecord, now_rfc3339
@@ -135,7 +134,7 @@ class CheckpointRound:
             record.op_lock.release()
 
     def _on_all(
-        self, stubs: dict[Target, pb_grpc.AgentStub], method: str, make: Callable[[Target], Any], timeout: float
+        self, stubs: dict[Target, AgentStub], method: str, make: Callable[[Target], Any], timeout: float
     ) -> dict[Target, Any]:
         """One phase on every target at once (every RPC in flight together, up
         to rpc.FAN_OUT); the first failure (by rank) is raised after all have
@@ -143,7 +142,7 @@ class CheckpointRound:
         targets = list(stubs)
         start, times = time.monotonic(), list[tuple[float, float]]()
         answers = call_many(
-            [(getattr(stubs[t], method), make(t), timeout, f"agent on {t.node}") for t in targets],
+            [(stubs[t], method, make(t), timeout, f"agent on {t.node}") for t in targets],
             # an agent that stops (or whose host freezes) fails the round once its heartbeats stop,
             # not after the phase's timeout (hours for a dump): the other ranks are parked meanwhile
             lambda i: self.nodes.stopped_answering(targets[i].node, f"agent on {targets[i].node}", method),
@@ -199,7 +198,7 @@ class CheckpointRound:
             d.mkdir(exist_ok=True)
         faults.point("reserve", "coordinator")
         timings: dict[str, float] = {}
-        parked: dict[Target, pb_grpc.AgentStub] = {}
+        parked: dict[Target, AgentStub] = {}
         # each phase's time at the coordinator and inside the slowest agent:
         # what the protocol itself costs, apart from the ranks' own work.
         # Phases are back to back, so they add up to total_s
@@ -419,20 +418,20 @@ class CheckpointRound:
             job.processes.extend(dataclasses.replace(p, rank=t.rank.rank) for p in parts[t].processes)
         return job
 
-    def _abort(self, parked: dict[Target, pb_grpc.AgentStub], ckpt_id: int) -> None:
+    def _abort(self, parked: dict[Target, AgentStub], ckpt_id: int) -> None:
         # every rank at once; a failure is the agent's to log (its coordinator-gone watch releases it)
         call_many(
             [
-                (stub.Abort, pb.ResumeRequest(job=t.name, checkpoint_id=ckpt_id), 60, f"agent on {t.node}")
+                (stub, "Abort", pb.ResumeRequest(job=t.name, checkpoint_id=ckpt_id), 60, f"agent on {t.node}")
                 for t, stub in parked.items()
             ]
         )
 
-    def _stop(self, stubs: dict[Target, pb_grpc.AgentStub], name: str) -> None:
+    def _stop(self, stubs: dict[Target, AgentStub], name: str) -> None:
         reason = f"stopped after its final checkpoint {name}; `ckptctl restart {self.record.name}` resumes it"
         call_many(
             [
-                (stub.Stop, pb.StopRequest(job=t.name, reason=reason), 60, f"agent on {t.node}")
+                (stub, "Stop", pb.StopRequest(job=t.name, reason=reason), 60, f"agent on {t.node}")
                 for t, stub in stubs.items()
             ]
         )

@@ -11,9 +11,8 @@ import grpc
 
 from ckptd.errors import CkptdError, Code
 from ckptd.jobstate import FINAL, JobState
-from ckptd.rpc import agent_stub, call
+from ckptd.rpc import AgentStub, agent_stub, call
 from ckptd.v1 import ckptd_pb2 as pb
-from ckptd.v1 import ckptd_pb2_grpc as pb_grpc
 
 HEARTBEAT_S = 2.0
 DEAD_AFTER_S = 3 * HEARTBEAT_S
@@ -25,7 +24,7 @@ class Node:
     address: str
     last_seen: float
     health: pb.NodeHealth = field(default_factory=pb.NodeHealth)
-    stub: pb_grpc.AgentStub | None = None
+    stub: AgentStub | None = None
     ip: str = ""  # its address between nodes (agent --ip)
 
     @property
@@ -86,7 +85,7 @@ class NodeRegistry:
         with self.lock:
             return {n.name: n.ip for n in self.nodes.values()}
 
-    def live_stub(self, name: str, job: str) -> pb_grpc.AgentStub:
+    def live_stub(self, name: str, job: str) -> AgentStub:
         """The agent of a node that must answer now, or a clear error."""
         node = self.get(name)
         if not node.alive or node.stub is None:

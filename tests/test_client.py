@@ -100,3 +100,62 @@ def test_a_unix_socket_is_reachable_only_while_something_listens(tmp_path: Path)
     plain.write_text("not a socket")
     assert not reachable(f"unix:{plain}")
     assert not reachable(f"unix:{tmp_path / 'nothing'}")
+
+
+def test_call_many_has_every_call_in_flight_at_once_on_one_thread(tmp_path: Path) -> None:
+    """rpc.call_many, the coordinator's fan-out to its agents: every call is
+    in flight at once (the servicer's 24 handlers meet at a barrier, which
+    would break if any call waited for another), each answer or error comes
+    back in the order asked, and a second round starts no thread (the
+    synchronous API started one per channel per round)."""
+    import threading
+
+    import grpc
+
+    from ckptd.rpc import agent_stub, call_many
+    from ckptd.v1 import ckptd_pb2 as pb
+    from ckptd.v1 import ckptd_pb2_grpc as pb_grpc
+
+    n = 24
+    met = threading.Barrier(n, timeout=20)
+
+    class Agent(pb_grpc.AgentServicer):
+        def GetJob(self, request: pb.AgentJobRequest, context: grpc.ServicerContext) -> pb.JobStatus:
+            met.wait()
+            if request.job == "missing":
+                context.abort(grpc.StatusCode.NOT_FOUND, "no job missing here")
+            return pb.JobStatus(name=request.job)
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=n))
+    pb_grpc.add_AgentServicer_to_server(Agent(), server)
+    addresses = []
+    for i in range(4):  # several agents, several calls each
+        sock = tmp_path / f"agent-{i}.sock"
+        server.add_insecure_port(f"unix:{sock}")
+        addresses.append(f"unix:{sock}")
+    server.start()
+    try:
+        stubs = [agent_stub(a) for a in addresses]
+        names = [f"job-{i}" if i != 7 else "missing" for i in range(n)]
+
+        def round_() -> list[object]:
+            met.reset()
+            times: list[tuple[float, float]] = []
+            calls = [(stubs[i % 4], "GetJob", pb.AgentJobRequest(job=names[i]), 30.0, f"agent {i}") for i in range(n)]
+            out = call_many(calls, times=times)
+            assert len(times) == n and all(0 < sent <= answered for sent, answered in times)
+            return out
+
+        first = round_()
+        threads = threading.active_count()
+        second = round_()
+        assert threading.active_count() == threads
+        for out in (first, second):
+            for i, answer in enumerate(out):
+                if i == 7:
+                    assert isinstance(answer, CkptdError) and answer.code == Code.NOT_FOUND, answer
+                    assert "no job missing here" in answer.message
+                else:
+                    assert isinstance(answer, pb.JobStatus) and answer.name == names[i], answer
+    finally:
+        server.stop(None).wait()
