@@ -21,14 +21,20 @@ def proc_attrs(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.mark.parametrize(
-    "attr", ["subreaper", "pdeathsig", "oom", "thp", "loginuid", "timerslack", "keepcaps", "dumpable", "nnp"]
+    "attr",
+    [
+        *("subreaper", "pdeathsig", "oom", "thp", "loginuid", "timerslack", "keepcaps", "dumpable", "nnp"),
+        "nice,cpus,batch",
+    ],
 )
 def test_process_attribute(ckptd: Ckptd, proc_attrs: str, attr: str) -> None:
     """One attribute set (the others stay at their defaults, and are checked
     too): child subreaper, parent-death signal, oom_score_adj, THP-disable,
     audit loginuid, timer slack (two threads, each its own), keep-caps,
-    dumpable, no_new_privs."""
-    exact_round_trip(ckptd, attr, [proc_attrs, "40", "attrs", attr])
+    dumpable, no_new_privs; and each thread's own scheduling (nice value,
+    CPU affinity, SCHED_BATCH), which a restart used to give back as the
+    node's."""
+    exact_round_trip(ckptd, attr.replace(",", "-"), [proc_attrs, "40", "attrs", attr])
 
 
 def test_rseq_glibc(ckptd: Ckptd, proc_attrs: str) -> None:

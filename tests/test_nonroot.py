@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, WORKLOADS, Ckptd, ckptd_at, run_plain
+from conftest import PYTHON, WORKLOADS, Ckptd, ckptd_at, compile_workload, run_plain
 
 pytestmark = pytest.mark.serial  # it opens /root and the pytest base directory to another user
 
@@ -138,3 +138,47 @@ def test_tcp_between_processes_without_root(unprivileged: Ckptd) -> None:
     c.ctl("restart", "nrtcp")
     assert c.wait("nrtcp") == 0
     assert c.log("nrtcp", "stdout") == plain.stdout
+
+
+def _renice(pid: int, nice: int) -> None:
+    """Every thread of pid (a daemon whose next restorer inherits it)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(ProcessLookupError):
+            os.setpriority(os.PRIO_PROCESS, int(tid), nice)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="renices the user's daemon, which only root may lower again")
+def test_a_nice_value_the_job_cannot_have_again_refuses_the_restart(
+    unprivileged: Ckptd, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A job's threads set their own nice values (3 and 7, above the node's
+    0: no privilege needed).  Restarted where the node gives the job 10, an
+    unprivileged job cannot lower them again: the restart refuses, one line
+    naming the nice value, nothing runs, and the checkpoint is kept; back at
+    the node's 0 the same checkpoint restarts, and the run ends as an
+    uninterrupted one."""
+    c = unprivileged
+    exe = compile_workload(tmp_path_factory, "proc_attrs")
+    os.chmod(exe, 0o755)
+    argv = [exe, "40", "attrs", "nice"]
+    plain = run_plain(argv)
+    c.launch("nice", argv, cwd="/")
+    c.wait_log("nice", r"^step 3 ok")
+    c.checkpoint("nice")
+    c.wait_log("nice", r"^step 6 ok")
+    c.kill9("nice")
+    log = c.log("nice")
+    (daemon,) = c.daemon_pids()
+    _renice(daemon, 10)
+    try:
+        r = c.ctl("restart", "nice", check=False)
+        assert r.returncode != 0 and "nice value" in r.stderr and "CAP_SYS_NICE" in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert c.status("nice")["state"] not in ("running", "checkpointing")
+        assert c.log("nice") == log  # nothing ran
+    finally:
+        _renice(daemon, 0)
+    assert [ck["id"] for ck in c.ctl_json("list", "nice")] == [1]
+    c.ctl("restart", "nice")
+    assert c.wait("nice") == 0
+    assert c.log("nice", "stdout") == plain.stdout

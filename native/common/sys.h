@@ -192,6 +192,22 @@ CK_ALWAYS_INLINE long ck_nanosleep_ms(long ms)
     return ck_sc2(SYS_nanosleep, &ts, 0);
 }
 CK_ALWAYS_INLINE long ck_sched_yield(void) { return ck_sc0(SYS_sched_yield); }
+CK_ALWAYS_INLINE long ck_getpriority(int which, int who) { return ck_sc2(SYS_getpriority, which, who); }
+CK_ALWAYS_INLINE long ck_setpriority(int which, int who, int prio) { return ck_sc3(SYS_setpriority, which, who, prio); }
+CK_ALWAYS_INLINE long ck_sched_getscheduler(int pid) { return ck_sc1(SYS_sched_getscheduler, pid); }
+CK_ALWAYS_INLINE long ck_sched_setscheduler(int pid, int policy, const int *prio)
+{
+    return ck_sc3(SYS_sched_setscheduler, pid, policy, prio);
+}
+CK_ALWAYS_INLINE long ck_sched_getparam(int pid, int *prio) { return ck_sc2(SYS_sched_getparam, pid, prio); }
+CK_ALWAYS_INLINE long ck_sched_getaffinity(int pid, size_t len, void *mask)
+{
+    return ck_sc3(SYS_sched_getaffinity, pid, len, mask);
+}
+CK_ALWAYS_INLINE long ck_sched_setaffinity(int pid, size_t len, const void *mask)
+{
+    return ck_sc3(SYS_sched_setaffinity, pid, len, mask);
+}
 CK_ALWAYS_INLINE long ck_setsid(void) { return ck_sc0(SYS_setsid); }
 CK_ALWAYS_INLINE long ck_setpgid(int pid, int pgid) { return ck_sc2(SYS_setpgid, pid, pgid); }
 CK_ALWAYS_INLINE long ck_kill(int pid, int sig) { return ck_sc2(SYS_kill, pid, sig); }

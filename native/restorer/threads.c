@@ -8,7 +8,9 @@
 #include "restorer.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <linux/securebits.h>
 
 struct rst_clone_args {
@@ -89,6 +91,36 @@ static void restore_creds(const struct ck_thread *t)
         thread_fail("cannot take the process's filesystem ids again", t, 0);
 }
 
+/* what the thread chose of its scheduling (image_format.h, CK_THREAD_OWN_*),
+ * exactly, or the restore fails; while the restorer's privileges last (a
+ * lower nice value or a real-time policy needs CAP_SYS_NICE) */
+static void restore_sched(const struct ck_thread *t)
+{
+    long rc;
+    if (t->flags & CK_THREAD_OWN_CPUS) {
+        uint64_t now[16];
+        ck_memset(now, 0, sizeof(now));
+        rc = ck_sched_setaffinity(0, t->cpus_bytes, t->cpus);
+        if (rc >= 0)
+            rc = ck_sched_getaffinity(0, sizeof(now), now);
+        if (rc < 0 || ck_memcmp(now, t->cpus, sizeof(now)) != 0)
+            thread_fail("cannot bind the thread to its CPUs again (it set its affinity: taskset, sched_setaffinity): "
+                        "this node lacks some of them or does not give them to the job; restart it on a node that does",
+                        t, rc < 0 ? rc : 0);
+    }
+    if (t->flags & CK_THREAD_OWN_NICE) {
+        rc = ck_setpriority(PRIO_PROCESS, 0, t->nice);
+        if (rc < 0)
+            thread_fail("cannot give the thread its nice value again (lower than the node gives the job: needs CAP_SYS_NICE)", t, rc);
+    }
+    if (t->sched_policy != SCHED_OTHER) {
+        int prio = (int)t->sched_priority;
+        rc = ck_sched_setscheduler(0, (int)t->sched_policy, &prio);
+        if (rc < 0)
+            thread_fail("cannot give the thread its scheduling policy again (a real-time one needs CAP_SYS_NICE)", t, rc);
+    }
+}
+
 static void thread_setup(const struct ck_thread *t)
 {
     if (t->robust_list)
@@ -104,6 +136,7 @@ static void thread_setup(const struct ck_thread *t)
     }
     if (t->comm[0])
         ck_prctl(PR_SET_NAME, (unsigned long)t->comm, 0, 0, 0);
+    restore_sched(t);
     restore_creds(t);
     /* after the credentials: a change of effective ids clears the parent-death signal */
     long rc = ck_prctl(PR_SET_PDEATHSIG, (unsigned long)t->pdeathsig, 0, 0, 0);

@@ -23,6 +23,7 @@
 
 #include <errno.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 
 #define PHASE_RUNNING 0
 #define PHASE_PARKING 1
@@ -101,6 +102,29 @@ static void fill_rseq(struct ck_thread *t)
         t->flags |= CK_THREAD_RSEQ_UNKNOWN;  /* the dump refuses it */
 }
 
+/* its nice value, policy and CPUs; which of them it chose itself, against
+ * ckptd-init's (pid 1 of the job's pid namespace: what the node gave it) */
+static void fill_sched(struct ck_thread *t)
+{
+    long prio = ck_getpriority(PRIO_PROCESS, 0);  /* the raw call: 20 - nice */
+    long init_prio = ck_getpriority(PRIO_PROCESS, 1);
+    t->nice = prio > 0 ? (int32_t)(20 - prio) : 0;
+    if (prio > 0 && prio != init_prio)
+        t->flags |= CK_THREAD_OWN_NICE;
+    long policy = ck_sched_getscheduler(0);
+    t->sched_policy = policy > 0 ? (uint32_t)policy : 0;
+    int rt = 0;
+    t->sched_priority = policy > 0 && ck_sched_getparam(0, &rt) == 0 ? (uint32_t)rt : 0;
+    uint64_t init_cpus[16];
+    ck_memset(t->cpus, 0, sizeof(t->cpus));
+    long n = ck_sched_getaffinity(0, sizeof(t->cpus), t->cpus);
+    t->cpus_bytes = n > 0 ? (uint32_t)n : 0;
+    ck_memset(init_cpus, 0, sizeof(init_cpus));
+    long m = ck_sched_getaffinity(1, sizeof(init_cpus), init_cpus);
+    if (n > 0 && (m != n || ck_memcmp(init_cpus, t->cpus, (size_t)n) != 0))
+        t->flags |= CK_THREAD_OWN_CPUS;
+}
+
 void ck_fill_thread(struct ck_thread *t, uint64_t sigmask)
 {
     unsigned long v = 0;
@@ -144,6 +168,7 @@ void ck_fill_thread(struct ck_thread *t, uint64_t sigmask)
     ck_prctl(PR_GET_PDEATHSIG, (unsigned long)&pdeath, 0, 0, 0);
     t->pdeathsig = pdeath;
     t->no_new_privs = ck_prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) == 1;
+    fill_sched(t);
     t->sigmask = sigmask;
     struct ck_cap_header h = {CK_CAP_VERSION_3, 0};
     struct ck_cap_data d[2];

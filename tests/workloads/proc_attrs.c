@@ -3,8 +3,10 @@
  * (tests/test_exact_process.py).  proc_attrs STEPS MODE [ATTR,...]:
  *
  *   attrs     the attributes named (subreaper, pdeathsig, oom, thp, loginuid,
- *             timerslack (two threads), keepcaps, dumpable, nnp) are set, the
- *             others checked to stay at their defaults
+ *             timerslack (two threads), keepcaps, dumpable, nnp, and the
+ *             scheduling, each thread its own: nice, cpus (affinity), batch
+ *             (the second thread SCHED_BATCH)) are set, the others checked
+ *             to stay at their defaults
  *   rseq      glibc's rseq registration (a second rseq() of it answers EBUSY)
  *   rseq-own  the program's own rseq area (run with GLIBC_TUNABLES=glibc.pthread.rseq=0)
  *   creds     a root process dropping privileges: groups, gids, uids, capabilities
@@ -24,6 +26,8 @@
 #include <linux/seccomp.h>
 #include <grp.h>
 #include <pthread.h>
+#include <sched.h>
+#include <sys/resource.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -69,14 +73,50 @@ static int has(const char *name)
 
 /* the second thread answers for itself: its own timer slack, no_new_privs and ids */
 static volatile int ask, answered;
-static volatile long answer_slack, answer_nnp;
+static volatile long answer_slack, answer_nnp, answer_nice, answer_policy, answer_cpus;
 static volatile uid_t answer_uid[3];
+
+/* the CPUs each thread binds itself to (cpus): the main thread the last
+ * one it may use, the second thread the first */
+static cpu_set_t main_cpus, helper_cpus;
+static long base_nice, base_policy;  /* what the program started with */
+
+static void choose_cpus(void)
+{
+    cpu_set_t all;
+    CHECK(sched_getaffinity(0, sizeof(all), &all) == 0, "sched_getaffinity");
+    int first = -1, last = -1;
+    for (int c = 0; c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, &all)) {
+            if (first < 0)
+                first = c;
+            last = c;
+        }
+    CPU_ZERO(&main_cpus);
+    CPU_SET(last, &main_cpus);
+    CPU_ZERO(&helper_cpus);
+    CPU_SET(first, &helper_cpus);
+}
+
+static int on_cpus(const cpu_set_t *want)
+{
+    cpu_set_t now;
+    return sched_getaffinity(0, sizeof(now), &now) == 0 && CPU_EQUAL(&now, want);
+}
 
 static void *helper(void *arg)
 {
     (void)arg;
     if (has("timerslack"))
         CHECK(prctl(PR_SET_TIMERSLACK, 2345678UL, 0, 0, 0) == 0, "PR_SET_TIMERSLACK (thread)");
+    if (has("nice"))
+        CHECK(setpriority(PRIO_PROCESS, 0, 7) == 0, "setpriority (thread)");
+    if (has("cpus"))
+        CHECK(sched_setaffinity(0, sizeof(helper_cpus), &helper_cpus) == 0, "sched_setaffinity (thread)");
+    if (has("batch")) {
+        struct sched_param none = {0};
+        CHECK(sched_setscheduler(0, SCHED_BATCH, &none) == 0, "SCHED_BATCH (thread)");
+    }
     for (;;) {
         int want = __atomic_load_n(&ask, __ATOMIC_ACQUIRE);
         if (want == -1 && answered != -1) {
@@ -100,6 +140,10 @@ static void *helper(void *arg)
             answer_uid[0] = r, answer_uid[1] = e, answer_uid[2] = s;
             answer_slack = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
             answer_nnp = prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0);
+            errno = 0;
+            answer_nice = getpriority(PRIO_PROCESS, 0);
+            answer_policy = sched_getscheduler(0);
+            answer_cpus = has("cpus") ? on_cpus(&helper_cpus) : 1;
             __atomic_store_n(&answered, want, __ATOMIC_RELEASE);
         }
         step_sleep_ms(5);
@@ -135,6 +179,14 @@ static void setup_attrs(void)
         CHECK(prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) == 0, "PR_SET_DUMPABLE");
     if (has("nnp"))
         CHECK(prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0, "PR_SET_NO_NEW_PRIVS");
+    errno = 0;
+    base_nice = getpriority(PRIO_PROCESS, 0);
+    base_policy = sched_getscheduler(0);
+    if (has("nice"))
+        CHECK(setpriority(PRIO_PROCESS, 0, 3) == 0, "setpriority");
+    choose_cpus();
+    if (has("cpus"))
+        CHECK(sched_setaffinity(0, sizeof(main_cpus), &main_cpus) == 0, "sched_setaffinity");
 }
 
 static void check_attrs(int step)
@@ -164,7 +216,16 @@ static void check_attrs(int step)
     CHECK(dumpable == !has("dumpable"), "dumpable is %ld", dumpable);
     long nnp = prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0);
     CHECK(nnp == has("nnp"), "no_new_privs is %ld", nnp);
+    errno = 0;
+    long nice = getpriority(PRIO_PROCESS, 0);
+    CHECK(nice == (has("nice") ? 3 : base_nice), "nice is %ld", nice);
+    CHECK(sched_getscheduler(0) == base_policy, "the scheduling policy is %d", sched_getscheduler(0));
+    if (has("cpus"))
+        CHECK(on_cpus(&main_cpus), "the thread is not bound to its CPU");
     ask_helper(step);
+    CHECK(answer_nice == (has("nice") ? 7 : base_nice), "the second thread's nice is %ld", answer_nice);
+    CHECK(answer_policy == (has("batch") ? SCHED_BATCH : base_policy), "the second thread's policy is %ld", answer_policy);
+    CHECK(answer_cpus, "the second thread is not bound to its CPU");
     if (has("timerslack"))
         CHECK(answer_slack == 2345678, "the second thread's timer slack is %ld", answer_slack);
     CHECK(answer_nnp == has("nnp"), "the second thread's no_new_privs is %ld", answer_nnp);

@@ -19,7 +19,7 @@
 
 /* BEGIN CFFI */
 #define CK_CORE_MAGIC 0x45524f4354504b43   /* "CKPTCORE" as little-endian bytes */
-#define CK_CORE_VERSION 7
+#define CK_CORE_VERSION 8
 #define CK_MAX_SECTIONS 16
 #define CK_PAGE_SIZE 4096
 
@@ -72,6 +72,8 @@ struct ck_jmpctx {
 #define CK_THREAD_MAIN 1          /* the thread-group leader (tid == pid) */
 #define CK_THREAD_CHECKPOINTER 2  /* the shim's own checkpoint thread */
 #define CK_THREAD_RSEQ_UNKNOWN 4  /* an rseq registration the shim could not identify: refused */
+#define CK_THREAD_OWN_NICE 8      /* its nice value is not ckptd-init's: set again exactly */
+#define CK_THREAD_OWN_CPUS 16     /* its CPU affinity is not ckptd-init's: set again exactly */
 
 struct ck_thread {
     int32_t tid;                /* as the process sees it (inside its pid ns) */
@@ -103,7 +105,17 @@ struct ck_thread {
     uint32_t securebits;        /* PR_GET_SECUREBITS (SECBIT_KEEP_CAPS: PR_SET_KEEPCAPS) */
     int32_t pdeathsig;          /* PR_GET_PDEATHSIG */
     uint32_t no_new_privs;      /* PR_GET_NO_NEW_PRIVS */
-    uint32_t pad2;
+    /* scheduling.  ckptd-init (pid 1 of the job's pid namespace) has what
+     * the node gave the job; a thread whose nice value or CPU affinity is
+     * not init's set it itself (os.nice, taskset, a pinned DataLoader) and
+     * gets it back exactly, or the restore fails; one that kept the node's
+     * gets the new node's (CK_THREAD_OWN_*).  A policy other than
+     * SCHED_OTHER comes back exactly, or the restore fails. */
+    int32_t nice;               /* -20..19 */
+    uint32_t sched_policy;      /* sched_getscheduler(), SCHED_RESET_ON_FORK included */
+    uint32_t sched_priority;    /* sched_getparam(): a real-time policy's priority */
+    uint32_t cpus_bytes;        /* how much of cpus sched_getaffinity filled */
+    uint64_t cpus[16];          /* the CPUs it may run on, 0..1023 */
 };
 
 /* ck_vma.flags */
