@@ -63,11 +63,18 @@ def _client_tls(address: str) -> TlsFiles:
     return TlsFiles.load(d)
 
 
-def channel(address: str) -> grpc.Channel:
+def _credentials(address: str) -> grpc.ChannelCredentials | None:
+    """None for a Unix socket (plaintext); this process's TLS identity for a TCP address."""
     if address.startswith("unix:"):
-        return grpc.insecure_channel(address, options=_OPTIONS)
+        return None
     tls = _client_tls(address)
-    creds = grpc.ssl_channel_credentials(root_certificates=tls.ca, private_key=tls.key, certificate_chain=tls.cert)
+    return grpc.ssl_channel_credentials(root_certificates=tls.ca, private_key=tls.key, certificate_chain=tls.cert)
+
+
+def channel(address: str) -> grpc.Channel:
+    creds = _credentials(address)
+    if creds is None:
+        return grpc.insecure_channel(address, options=_OPTIONS)
     return grpc.secure_channel(address, creds, options=_OPTIONS)
 
 
@@ -120,38 +127,35 @@ class _Fanout:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._stubs: dict[str, pb_grpc.AgentStub] = {}
         self._pid = 0
 
     def loop(self) -> asyncio.AbstractEventLoop:
         with self._lock:
             if self._loop is None or self._pid != os.getpid():  # a forked child starts its own
                 self._loop = asyncio.new_event_loop()
-                self._channels = {}
+                self._stubs = {}
                 self._pid = os.getpid()
                 threading.Thread(target=self._loop.run_forever, name="ckptd-fanout", daemon=True).start()
             return self._loop
 
-    def _channel(self, address: str) -> grpc.aio.Channel:
-        """address's channel; only ever called on the loop's thread."""
-        ch = self._channels.get(address)
-        if ch is None:
-            if address.startswith("unix:"):
+    def _stub(self, address: str) -> pb_grpc.AgentStub:
+        """address's stub on its grpc.aio channel; only ever called on the loop's thread."""
+        stub = self._stubs.get(address)
+        if stub is None:
+            creds = _credentials(address)
+            if creds is None:
                 ch = grpc.aio.insecure_channel(address, options=_OPTIONS)
             else:
-                tls = _client_tls(address)
-                creds = grpc.ssl_channel_credentials(
-                    root_certificates=tls.ca, private_key=tls.key, certificate_chain=tls.cert
-                )
                 ch = grpc.aio.secure_channel(address, creds, options=_OPTIONS)
-            self._channels[address] = ch
-        return ch
+            stub = self._stubs[address] = pb_grpc.AgentStub(ch)
+        return stub
 
     async def call(self, address: str, method: str, request: Any, timeout: float | None, stamp: list[float]) -> Any:
-        stub = pb_grpc.AgentStub(self._channel(address))
+        call = getattr(self._stub(address), method)
         stamp[0] = time.monotonic()
         try:
-            return await getattr(stub, method)(request, timeout=timeout)
+            return await call(request, timeout=timeout)
         finally:
             stamp[1] = time.monotonic()
 
