@@ -30,20 +30,22 @@ def checkpoints_at(c: Ckptd, job: str, steps: range, *, rpc: bool = False) -> li
     behind the job."""
     stub = coordinator_stub(coordinator_address(Home(c.home), start=False)) if rpc else None
     infos = []
-    done = -1
+    done = -2
     for wanted in steps:
-        # a test that starts late finds every step printed already: each
-        # checkpoint still comes a step after the last one, so that its
-        # incremental image holds pages the job changed in between
-        step = max(wanted, done + 1)
-        c.wait_log(job, rf"^step {step} ")
-        log = c.log_file(job).read_text(errors="replace")  # as wait_log reads it: fast
-        done = max(int(n) for n in re.findall(r"(?m)^step (\d+) ", log))
+        # A test that starts late (or a machine under load) finds every step
+        # printed already: each checkpoint still comes after a whole step the
+        # job ran after the last capture, so that its incremental image holds
+        # pages the job changed in between.  `done` is read once the last
+        # checkpoint has answered, so its capture came before step done+1 was
+        # printed, and step done+2 changed its pages after that print.
+        c.wait_log(job, rf"^step {max(wanted, done + 2)} ")
         if stub is None:
             infos.append(c.checkpoint(job))
         else:
             info = call(stub.Checkpoint, pb.CheckpointRequest(job=job), 120, "coordinator")
             infos.append(json_format.MessageToDict(info, preserving_proto_field_name=True))
+        log = c.log_file(job).read_text(errors="replace")  # as wait_log reads it: fast
+        done = max(int(n) for n in re.findall(r"(?m)^step (\d+) ", log))
     return infos
 
 
