@@ -13,6 +13,7 @@ A classic job (no --ranks) has no RankRecord: one tree, the node's network.
 from __future__ import annotations
 
 import contextlib
+import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -98,8 +99,14 @@ def vip(slot: int, rank: int) -> str:
     return f"{VIP_PREFIX}.{slot}.{rank + 1}"
 
 
-def free_slot(used: set[int]) -> int:
-    for slot in range(1, MAX_SLOTS + 1):
+def free_slot(used: set[int], home: str = "") -> int:
+    """The first slot this coordinator does not use, looking from a place
+    its home picks: two coordinators on one machine (two users' homes, the
+    tests' parallel workers) rarely hand out the same addresses, whose
+    routes would then send one job's packets to the other's ranks."""
+    start = zlib.crc32(home.encode()) % MAX_SLOTS if home else 0
+    for k in range(MAX_SLOTS):
+        slot = 1 + (start + k) % MAX_SLOTS
         if slot not in used:
             return slot
     raise CkptdError(Code.RESOURCE_EXHAUSTED, f"all {MAX_SLOTS} address slots are taken; remove finished jobs")

@@ -400,7 +400,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         spec.nranks = spec.nranks or len(nodes)
         if spec.nranks > MAX_RANKS:
             raise CkptdError(Code.INVALID_ARGUMENT, f"at most {MAX_RANKS} ranks per job")
-        slot = free_slot(self.c.registry.used_vip_slots())
+        slot = free_slot(self.c.registry.used_vip_slots(), str(self.c.home.root))
         ranks = [RankRecord(r, n, vip(slot, r)) for r, n in enumerate(spread(spec.nranks, nodes))]
         record = self.c.registry.add(spec, ranks[0].node, ranks, slot)
         ips = self.c.nodes.ips()
