@@ -435,6 +435,7 @@ class Checkpointer:
                 depth=len(parts),
                 cached=int(request.keep_cached),
                 sync=int(bool(sync)),
+                dedup=int(request.dedup),
                 # launch --encrypt: the shim encrypts with it and keeps it nowhere an image holds
                 **({"key": key.hex()} if key else {}),
             )
@@ -648,36 +649,78 @@ class Checkpointer:
         if errors:
             raise errors[0]
 
-    def _dedup(self, job: JobRuntime, d: Path, dumps: list[pb.ProcessDump], peer_dir: str, peer_final: str) -> int:
+    def _dedup_peer(
+        self, job: JobRuntime, d: Path, dumps: list[pb.ProcessDump], peer_dir: str, peer_final: str
+    ) -> dedup.PeerPages | None:
+        """Hand each of our processes' writers the pages rank 0's images of
+        this round hold (dedup.spec): they compare as rank 0's writers write,
+        and leave out what rank 0 holds (native/shim/writeout_dedup.c).
+        Rank 0's images were dumped (its writers may still be writing);
+        returns their list, None where it cannot be read (no deduplication
+        this round: the writers are told "none")."""
+        peer = None
+        try:
+            peer = dedup.index_peer(Path(peer_dir), peer_final, written=False)
+        except (OSError, CkptdError) as e:
+            log.warning("job %s: no deduplication against %s: %s", job.name, peer_dir, e)
+        # elsewhere the writers write every page, and ckptd-dedup compares after them
+        to_writers = peer if peer is not None and dedup.compared_while_written(Path(peer_dir)) else None
+        for pd in dumps:
+            try:  # a writer without its list writes every page, after a while
+                dedup.write_spec(d / pd.dir, to_writers)
+            except OSError as e:
+                log.warning("job %s: pid %d's writer gets no list of rank 0's pages: %s", job.name, pd.pid, e)
+        return peer
+
+    def _wait_for_peer(self, job: JobRuntime, peer: dedup.PeerPages, peer_dir: str) -> dedup.PeerPages | None:
+        """Rank 0's images complete (its writers may still be filling its
+        pages, in parallel with ours): the matches refer to them as they are."""
+        with self.transfers.running(job.name, Transfer("deduplicating", 0)), contextlib.suppress(OSError):
+            for proc in Path(peer_dir).glob("proc-*"):
+                _wait_unlocked(proc / "pages.img.part", DUMP_TIMEOUT_S)
+        try:
+            peer.settle()
+        except OSError as e:
+            log.warning("job %s: no deduplication against %s: %s", job.name, peer_dir, e)
+            return None
+        return peer
+
+    def _dedup(
+        self, job: JobRuntime, d: Path, dumps: list[pb.ProcessDump], peer: dedup.PeerPages, peer_final: str
+    ) -> int:
         """Pages rank 0's images of this round hold alike are stored once, in
-        rank 0's (ckptd/image/dedup.py).  Returns the bytes no longer stored
-        here.  Each process's shim takes its rewritten runs first (REBASE);
-        one that cannot keeps its image as it was."""
-        t_wait = time.monotonic()
+        rank 0's (ckptd/image/dedup.py): the writer left them out
+        (pages.match), or ckptd-dedup finds them now.  Returns the bytes no
+        longer stored here.  Each process's shim takes its rewritten runs
+        first (REBASE); one that cannot keeps an image of its own: the
+        pages its writer left out are copied back from rank 0's."""
+        saved = 0
+        t0 = time.monotonic()
+        t_plan = t_rebase = t_apply = 0.0
+        by_writer = 0
         with self.transfers.running(job.name, Transfer("deduplicating", 0)):
-            # rank 0's writers may still be filling its pages, in parallel with ours
-            with contextlib.suppress(OSError):
-                for proc in Path(peer_dir).glob("proc-*"):
-                    _wait_unlocked(proc / "pages.img.part", DUMP_TIMEOUT_S)
-            t0 = time.monotonic()
-            try:
-                peer = dedup.index_peer(Path(peer_dir), peer_final)
-            except (OSError, CkptdError) as e:
-                log.warning("job %s: no deduplication against %s: %s", job.name, peer_dir, e)
-                return 0
-            t_index = time.monotonic()
-            saved = 0
-            t_plan = t_rebase = t_apply = 0.0
             for pd in dumps:
                 proc_dir = d / pd.dir
                 t = time.monotonic()
                 try:
-                    rw = dedup.plan(proc_dir, peer)
-                except (OSError, CkptdError) as e:  # nothing changed: the image stays as it was
+                    left_out = dedup.writer_matches(proc_dir, peer)
+                except (OSError, CkptdError) as e:  # holes, and no saying where: not an image
+                    raise CkptdError(
+                        Code.INTERNAL,
+                        f"pid {pd.pid}'s writer left pages out but no readable list of them ({e}); "
+                        "the checkpoint is discarded",
+                    ) from None
+                try:
+                    rw = dedup.plan(proc_dir, peer, left_out)
+                except (OSError, CkptdError) as e:  # the image stays as it was, or as it would have been
                     log.warning("job %s: pid %d keeps its own pages: %s", job.name, pd.pid, e)
+                    if left_out:
+                        dedup.fill(proc_dir, peer, left_out)
                     continue
                 finally:
                     t_plan += time.monotonic() - t
+                    (proc_dir / dedup.WRITER_MATCHES).unlink(missing_ok=True)
+                by_writer += left_out is not None
                 if rw is None:
                     continue
                 with job.cond:
@@ -692,14 +735,17 @@ class Checkpointer:
                 except ShimError as e:
                     log.info("job %s: pid %d keeps its own pages: %s", job.name, pd.pid, e.message)
                     dedup.discard(rw)
+                    if left_out:
+                        dedup.fill(proc_dir, peer, left_out)
                     continue
                 t = time.monotonic()
-                dedup.apply(rw)
+                dedup.apply(rw, peer)
                 t_apply += time.monotonic() - t
                 saved += rw.deduped_bytes
         log.info(
-            "job %s: dedup: %d MiB stored once; waited for rank 0's pages %.3f s, index %.3f s, plan %.3f s, "
-            "rebase %.3f s, apply %.3f s", job.name, saved >> 20, t0 - t_wait, t_index - t0, t_plan, t_rebase, t_apply,
+            "job %s: dedup: %d MiB stored once (%d of %d processes by their writers); plan %.3f s, rebase %.3f s, "
+            "apply %.3f s, in all %.3f s", job.name, saved >> 20, by_writer, len(dumps), t_plan, t_rebase, t_apply,
+            time.monotonic() - t0,
         )  # fmt: skip
         return saved
 
@@ -734,13 +780,24 @@ class Checkpointer:
         dumps, tree, (log_bytes, index_bytes) = self._dumps.pop(job.name, ([], {}, (0, 0)))
         t0 = time.monotonic()
         warming = self._warm_identities(d, dumps)
-        self._wait_for_pages(job, d, dumps)
+        peer = self._dedup_peer(job, d, dumps, dedup_with, dedup_with_final) if dedup_with else None
+        try:
+            self._wait_for_pages(job, d, dumps)
+        finally:
+            for pd in dumps:
+                (d / pd.dir / dedup.PROGRESS).unlink(missing_ok=True)  # rank 0's: said to the others
+                if dedup_with:
+                    dedup.forget_spec(d / pd.dir)
         job.fault("flush")
         warming.join()
         for pd in dumps:  # written as the job's owner, read here as root: nothing but its own files
             check_owned_tree(d / pd.dir, job.owner)
         t_pages = time.monotonic()
-        deduped = self._dedup(job, d, dumps, dedup_with, dedup_with_final) if dedup_with else 0
+        if peer is not None:
+            t = time.monotonic()
+            peer = self._wait_for_peer(job, peer, dedup_with)
+            log.info("job %s: waited %.3f s for rank 0's pages after our own", job.name, time.monotonic() - t)
+        deduped = self._dedup(job, d, dumps, peer, dedup_with_final) if peer is not None else 0
         cuda = self._cuda_dumped.pop(job.name, set())
         # a tree that could not be rebuilt is refused: the checkpoint is
         # discarded, and the job, already running again, runs on

@@ -79,6 +79,14 @@ DEFAULT_FULL_EVERY = 16
 COMMIT_WRITERS = 16
 
 
+def dedup_role(dedup: bool, t: Target) -> pb.DedupRole:
+    """launch --dedup: rank 0's writers say how far they have written, the
+    other ranks' writers leave out what rank 0's hold (native/shim/writeout_dedup.c)."""
+    if not dedup or t.rank is None:
+        return pb.DEDUP_ROLE_NONE
+    return pb.DEDUP_ROLE_SOURCE if t.rank.rank == 0 else pb.DEDUP_ROLE_COMPARE
+
+
 class CheckpointRound:
     def __init__(
         self,
@@ -251,7 +259,10 @@ class CheckpointRound:
                     parent=parent,
                     name=name,
                     part=f"rank-{t.rank.rank}" if t.rank else "",
-                    keep_cached=bool(record.spec.dedup and t.rank),
+                    # rank 0's pages are compared as they are written; the others' own,
+                    # where their writers could not compare, after them (ckptd/image/dedup.py)
+                    keep_cached=bool(record.spec.dedup and t.rank and t.rank.rank != 0),
+                    dedup=dedup_role(record.spec.dedup, t),
                 ),
                 LONG_RPC_S,
             )

@@ -136,9 +136,10 @@ def test_plan_and_apply_against_a_copy_and_a_truncated_peer(ckptd: Ckptd, tmp_pa
     assert not (own / ("core.img" + dedup.DEDUP_SUFFIX)).exists()
     assert memory_of(own, {}) == before
 
-    rw = dedup.plan(own, dedup.index_peer(peer_dir, "ckpt-x/rank-0"))
+    peer = dedup.index_peer(peer_dir, "ckpt-x/rank-0")
+    rw = dedup.plan(own, peer)
     assert rw is not None and rw.deduped_bytes == stored, (rw, stored)
-    assert dedup.apply(rw) == stored
+    assert dedup.apply(rw, peer) == stored
     core = CoreImage.load(own / "core.img")
     assert core.page_sources() == [
         {"path": f"ckpt-x/rank-0/{proc.name}/pages.img", "size": (peer_dir / proc.name / "pages.img").stat().st_size}
@@ -148,3 +149,63 @@ def test_plan_and_apply_against_a_copy_and_a_truncated_peer(ckptd: Ckptd, tmp_pa
     recorded = writer_digest(own / "pages.img")
     if recorded is not None:  # where the filesystem keeps user xattrs
         assert recorded == hash_file(own / "pages.img")
+
+
+def test_pages_a_writer_left_out_become_references_or_come_back(ckptd: Ckptd, tmp_path: Path) -> None:
+    """What the agent does with a writer that compared as it wrote
+    (native/shim/writeout_dedup.c): the pages it left out as holes, listed
+    in pages.match, become references to rank 0's file; where the image
+    cannot take them (the process is gone, say), `fill` copies them back
+    from rank 0's file and the image restores the same memory on its own.
+    A list the writer did not finish is refused."""
+    c = ckptd
+    c.launch("one", [PYTHON, str(WORKLOADS / "dirty_pages.py"), "400", "8"])
+    c.wait_log("one", r"^step 2 ")
+    info = c.checkpoint("one")
+    c.kill9("one")
+    proc = next(Path(info["path"]).glob("proc-*"))
+    peer_dir = tmp_path / "ckpt-x" / "rank-0"
+    shutil.copytree(proc, peer_dir / proc.name)
+    runs = [(int(r.offset), int(r.npages)) for r in CoreImage.load(proc / "core.img").records["runs"] if not r.src]
+    left = [(off, 0, off, n) for off, n in runs[1:]]  # the first run written, the others left out
+    stored = sum(n * P for _, _, _, n in left)
+
+    def left_out(name: str) -> Path:
+        own = tmp_path / name / proc.name
+        shutil.copytree(proc, own)
+        fd = os.open(own / "pages.img", os.O_WRONLY)
+        for off, _, _, n in left:
+            dedup._libc.fallocate(fd, dedup.FALLOC_FL_PUNCH_HOLE | dedup.FALLOC_FL_KEEP_SIZE, off, n * P)
+        os.close(fd)
+        lines = [f"match {own_off} {f} {off} {n}" for own_off, f, off, n in left]
+        (own / dedup.WRITER_MATCHES).write_text("\n".join([*lines, f"done 0 0 {stored // P}"]) + "\n")
+        return own
+
+    before = memory_of(proc, {})
+    peer = dedup.index_peer(peer_dir, "ckpt-x/rank-0")
+
+    own = left_out("referred")
+    assert dedup.writer_matches(own, peer) == sorted(left)
+    rw = dedup.plan(own, peer, dedup.writer_matches(own, peer))
+    assert rw is not None and rw.deduped_bytes == stored and not rw.missing
+    dedup.apply(rw, peer)
+    assert memory_of(own, {1: peer_dir / proc.name / "pages.img"}) == before
+
+    own = left_out("filled")
+    assert memory_of(own, {}) != before  # holes
+    rw = dedup.plan(own, peer, dedup.writer_matches(own, peer))
+    assert rw is not None
+    dedup.discard(rw)  # the shim could not take the new runs
+    dedup.fill(own, peer, dedup.writer_matches(own, peer) or [])
+    assert not (own / ("core.img" + dedup.DEDUP_SUFFIX)).exists()
+    assert memory_of(own, {}) == before
+    assert (own / "pages.img").read_bytes() == (proc / "pages.img").read_bytes()
+    assert writer_digest(own / "pages.img") is None  # finalize hashes it again
+
+    unfinished = left_out("unfinished")
+    (unfinished / dedup.WRITER_MATCHES).write_text(f"match {left[0][0]} 0 {left[0][2]} {left[0][3]}\n")
+    with pytest.raises(CkptdError, match="the writer did not finish its list of matches"):
+        dedup.writer_matches(unfinished, peer)
+    (unfinished / dedup.WRITER_MATCHES).write_text("match 5 0 0 1\ndone 0 0 1\n")
+    with pytest.raises(CkptdError, match="the writer answered 'match 5 0 0 1'"):
+        dedup.writer_matches(unfinished, peer)

@@ -25,6 +25,15 @@ One process's image is rewritten in three steps:
      that its next incremental image refers to the pages where they are now;
   3. `apply` renames the new core.img over the old one and punches the holes.
 A process whose shim cannot take the runs keeps its image as it was.
+
+Under launch --dedup the writers of ranks other than 0 compare as they
+write (native/shim/writeout_dedup.c): the agent hands each writer rank 0's
+pages (`write_spec`, the tool's "peer" and "run" lines), and the writer
+leaves the pages rank 0 holds alike as holes and lists them in pages.match,
+in the tool's words.  `plan` then takes those matches instead of running
+the tool, and a process whose image cannot refer to rank 0's pages after
+all gets them copied back from rank 0's files into its holes (`fill`), so
+that it keeps an image as complete as one written without --dedup.
 """
 
 from __future__ import annotations
@@ -41,7 +50,7 @@ from typing import Any
 from ckptd.errors import CkptdError, Code
 from ckptd.native import native_path
 
-from .checksum import WRITER_XATTR, forget_writer_digest
+from .checksum import WRITER_XATTR, forget_writer_digest, writer_digest
 from .core import CoreImage, constant, ffi
 
 PAGE = 4096
@@ -49,6 +58,9 @@ FALLOC_FL_KEEP_SIZE = 0x01
 FALLOC_FL_PUNCH_HOLE = 0x02
 DEDUP_SUFFIX = ".dedup"
 TOOL = "ckptd-dedup"
+SPEC = "dedup.spec"  # the agent -> the writer (writeout_dedup.c)
+WRITER_MATCHES = "pages.match"  # the writer -> the agent
+PROGRESS = "pages.progress"  # rank 0's writer -> the other ranks' writers
 # rank 0's pages hashed into the tool's table: every one (a matching
 # stretch of any length is found); N > 1 hashes 1/N of them and may miss
 # stretches shorter than N pages
@@ -68,8 +80,13 @@ class PeerPages:
         lines = []
         for path, runs in zip(self.paths, self.runs, strict=True):
             lines.append(f"peer {path}")
-            lines += [f"run {off} {n}" for off, n in runs]
+            lines += [f"run {off} {n}" for off, n in sorted(runs)]  # the writer reads them in file order
         return "\n".join(lines) + "\n"
+
+    def settle(self) -> None:
+        """Once rank 0's writers are done: the sizes its files have now.
+        Raises OSError for one that is not there (its writer failed)."""
+        self.files = [(final, path.stat().st_size) for (final, _), path in zip(self.files, self.paths, strict=True)]
 
 
 def _stored_runs(core: CoreImage) -> list[tuple[int, int]]:
@@ -78,16 +95,18 @@ def _stored_runs(core: CoreImage) -> list[tuple[int, int]]:
     return [(int(r.offset), int(r.npages)) for r in core.records["runs"] if not r.src and int(r.npages)]
 
 
-def index_peer(peer_dir: Path, peer_final: str) -> PeerPages:
+def index_peer(peer_dir: Path, peer_final: str, *, written: bool = True) -> PeerPages:
     """peer_dir: rank 0's directory of this round; peer_final: where it will
-    be, relative to the job's directory (ckpt-000004/rank-0)."""
+    be, relative to the job's directory (ckpt-000004/rank-0).  written=False:
+    its writers may still be writing (their sizes are where their runs end
+    until `settle`)."""
     peer = PeerPages()
     for proc in sorted(peer_dir.glob("proc-*")):
         core = CoreImage.load(proc / "core.img")
-        size = (proc / "pages.img").stat().st_size
         runs = _stored_runs(core)
-        if not size or not runs:
+        if not runs:
             continue
+        size = (proc / "pages.img").stat().st_size if written else max(off + n * PAGE for off, n in runs)
         peer.files.append((f"{peer_final}/{proc.name}/pages.img", size))
         peer.paths.append(proc / "pages.img")
         peer.runs.append(runs)
@@ -102,6 +121,7 @@ class Rewrite:
     deduped_bytes: int
     holes: list[tuple[int, int]]  # (offset, length) in its pages.img
     digest: str | None = None  # "HEX SIZE": pages.img's xxh3-128 once every hole is punched
+    missing: list[Match] = field(default_factory=list)  # left out by the writer, not referred to: fill first
 
     @property
     def new_core(self) -> Path:
@@ -131,6 +151,13 @@ def find_matches(peer: PeerPages, pages: Path, own_runs: list[tuple[int, int]]) 
     if p.returncode != 0 or not out or not out[-1].startswith("done "):
         why = p.stderr.decode(errors="replace").strip() or f"exit status {p.returncode}"
         raise CkptdError(Code.INTERNAL, f"{TOOL} failed on {pages}: {why}")
+    return _parse_matches(out, peer, TOOL)
+
+
+def _parse_matches(out: list[str], peer: PeerPages, who: str) -> tuple[list[Match], str | None]:
+    """The tool's (or the writer's) answer, its "done" line last."""
+    if not out or not out[-1].startswith("done "):
+        raise CkptdError(Code.INTERNAL, f"{who} did not finish its list of matches")
     matches: list[Match] = []
     digest = None
     for line in out[:-1]:
@@ -138,20 +165,124 @@ def find_matches(peer: PeerPages, pages: Path, own_runs: list[tuple[int, int]]) 
         if word == "digest" and len(rest) == 2:
             digest = " ".join(rest)
             continue
-        own, f, off, n = (int(x) for x in rest)
-        if word != "match" or not 0 <= f < len(peer.files) or n <= 0:
-            raise CkptdError(Code.INTERNAL, f"{TOOL} answered {line!r}")
+        try:
+            own, f, off, n = (int(x) for x in rest)
+        except ValueError:
+            raise CkptdError(Code.INTERNAL, f"{who} answered {line!r}") from None
+        if word != "match" or not 0 <= f < len(peer.files) or n <= 0 or own % PAGE or off % PAGE:
+            raise CkptdError(Code.INTERNAL, f"{who} answered {line!r}")
         matches.append((own, f, off, n))
     matches.sort()
     return matches, digest
 
 
-def _runs_of(core: CoreImage, peer: PeerPages, pages: Path, sources: list[dict[str, Any]]) -> Any:
-    """The image's runs with every stretch rank 0 holds alike turned into a
+# Filesystems whose pages every process of this machine sees through one
+# page cache, as soon as they are written: the only ones where a writer may
+# compare with rank 0's pages while rank 0's writer writes them.  On a
+# network filesystem a client may keep a page it read ahead before it was
+# written; there the comparison comes after rank 0 is done (the tool).
+LOCAL_FILESYSTEMS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "f2fs", "tmpfs", "overlay", "zfs"})
+
+
+def compared_while_written(path: Path) -> bool:
+    """Whether path lies on a filesystem in LOCAL_FILESYSTEMS (the mount
+    that holds it, as /proc/self/mountinfo lists it)."""
+    best, fstype = "", ""
+    target = os.path.realpath(path)
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return False
+    for line in lines:
+        left, _, right = line.partition(" - ")
+        fields = left.split()
+        if len(fields) < 5 or not right:
+            continue
+        mount = fields[4].replace("\\040", " ")
+        inside = target == mount or target.startswith(mount.rstrip("/") + "/")
+        if inside and len(mount) >= len(best):
+            best, fstype = mount, right.split()[0]
+    return fstype in LOCAL_FILESYSTEMS
+
+
+def write_spec(proc_dir: Path, peer: PeerPages | None) -> None:
+    """Hand a process's writer rank 0's pages (or None: write them all).
+    The agent writes it as root into a directory the job's user owns: made
+    beside it with O_EXCL | O_NOFOLLOW (never through a link the job left)
+    and renamed into place, so that the writer reads it whole."""
+    text = (peer.spec() if peer is not None and peer.files else "none\n").encode()
+    dfd = os.open(proc_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        part = SPEC + ".part"
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(part, dir_fd=dfd)
+        fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dfd)
+        try:
+            os.write(fd, text)
+        finally:
+            os.close(fd)
+        os.rename(part, SPEC, src_dir_fd=dfd, dst_dir_fd=dfd)
+    finally:
+        os.close(dfd)
+
+
+def forget_spec(proc_dir: Path) -> None:
+    """Once the writer is done: the checkpoint holds nothing the agent wrote there."""
+    for name in (SPEC, SPEC + ".part"):
+        (proc_dir / name).unlink(missing_ok=True)
+
+
+def writer_matches(proc_dir: Path, peer: PeerPages) -> list[Match] | None:
+    """The pages the process's writer left out (pages.match), or None if it
+    wrote every page.  Raises CkptdError for a list it did not finish."""
+    path = proc_dir / WRITER_MATCHES
+    try:
+        out = path.read_text(errors="replace").splitlines()
+    except FileNotFoundError:
+        return None
+    return _parse_matches(out, peer, "the writer")[0]
+
+
+def fill(proc_dir: Path, peer: PeerPages, matches: list[Match]) -> None:
+    """Copy pages a writer left out back from rank 0's files into their
+    holes: the image is then complete on its own.  Its writer's digest
+    (which read the holes as zeros) no longer holds."""
+    pages = proc_dir / "pages.img"
+    forget_writer_digest(pages)
+    out = os.open(pages, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        for own, f, off, n in matches:
+            src = os.open(peer.paths[f], os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                done = 0
+                while done < n * PAGE:
+                    k = os.copy_file_range(src, out, n * PAGE - done, off + done, own + done)
+                    if k <= 0:
+                        raise OSError(5, f"rank 0's {peer.paths[f]} ends early")
+                    done += k
+            finally:
+                os.close(src)
+    finally:
+        os.close(out)
+
+
+def _runs_of(
+    core: CoreImage,
+    peer: PeerPages,
+    pages: Path,
+    sources: list[dict[str, Any]],
+    found: tuple[list[Match], str | None] | None,
+) -> Any:
+    """The image's runs with every stretch rank 0 holds alike (found: the
+    writer's matches and digest; None: ask the tool) turned into a
     reference; returns (runs as tuples, per-VMA (first, count), holes,
-    bytes, the sources to add, the digest of pages once punched)."""
+    bytes, the sources to add, the digest of pages once punched, the
+    matches not turned into references)."""
     own_runs = _stored_runs(core)
-    matches, digest = find_matches(peer, pages, own_runs) if own_runs else ([], None)
+    if found is None:
+        found = find_matches(peer, pages, own_runs) if own_runs else ([], None)
+    matches, digest = found
+    kept: list[Match] = []
     starts = [m[0] for m in matches]
     src_of: dict[int, int] = {}  # peer file -> this image's source number
     runs: list[list[int]] = []  # [vaddr, npages, offset, src]
@@ -185,6 +316,7 @@ def _runs_of(core: CoreImage, peer: PeerPages, pages: Path, sources: list[dict[s
                     raise CkptdError(Code.INTERNAL, f"{TOOL}: a match at {own} crosses a run of {pages}")
                 if f not in src_of and len(sources) + len(src_of) >= constant("CK_MAX_SOURCES"):
                     digest = None  # no room for another source: keep the copy (which the digest took out)
+                    kept.append((own, f, off, n))
                     continue
                 if own > at:
                     add(first, vaddr + (at - offset), (own - at) // PAGE, at, 0)
@@ -200,7 +332,7 @@ def _runs_of(core: CoreImage, peer: PeerPages, pages: Path, sources: list[dict[s
                 add(first, vaddr + (at - offset), (end - at) // PAGE, at, 0)
         vma_runs.append((first, len(runs) - first))
     new_sources = [peer.files[f] for f, _ in sorted(src_of.items(), key=lambda kv: kv[1])]
-    return runs, vma_runs, holes, deduped, new_sources, digest
+    return runs, vma_runs, holes, deduped, new_sources, digest, kept
 
 
 def _section_bytes(core: CoreImage, type_const: str) -> bytes:
@@ -211,16 +343,24 @@ def _section_bytes(core: CoreImage, type_const: str) -> bytes:
     return b""
 
 
-def plan(proc_dir: Path, peer: PeerPages) -> Rewrite | None:
+def plan(proc_dir: Path, peer: PeerPages, left_out: list[Match] | None = None) -> Rewrite | None:
     """Write core.img.dedup for one process image; None if rank 0 holds
-    none of its pages."""
+    none of its pages.  left_out: the pages its writer did not write (it
+    compared them itself), which the new image must refer to or get back
+    (Rewrite.missing); None: ckptd-dedup compares the written image."""
     core = CoreImage.load(proc_dir / "core.img")
     pages = proc_dir / "pages.img"
     if not pages.stat().st_size:
         return None
     sources = core.page_sources()
-    runs, vma_runs, holes, deduped, new_sources, digest = _runs_of(core, peer, pages, sources)
+    found = None
+    if left_out is not None:  # its writer hashed it with the holes read as zeros: the file once punched
+        digest = writer_digest(pages)
+        found = (left_out, f"{digest} {pages.stat().st_size}" if digest else None)
+    runs, vma_runs, holes, deduped, new_sources, digest, kept = _runs_of(core, peer, pages, sources, found)
     if not deduped:
+        if kept:  # none became a reference: the caller fills them all
+            raise CkptdError(Code.INTERNAL, "no room in core.img for rank 0's pages")
         return None
     f = ffi()
     data = bytearray(core.data)
@@ -271,7 +411,7 @@ def plan(proc_dir: Path, peer: PeerPages) -> Rewrite | None:
         header.sections[slot].count = count
     header.file_size = len(data)
     del header
-    rw = Rewrite(proc_dir, deduped, holes, digest)
+    rw = Rewrite(proc_dir, deduped, holes, digest, kept if left_out is not None else [])
     rw.new_core.write_bytes(bytes(data))
     CoreImage.load(rw.new_core)  # read back: a malformed rewrite is never applied
     return rw
@@ -281,14 +421,16 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
 
 
-def apply(rw: Rewrite) -> int:
+def apply(rw: Rewrite, peer: PeerPages) -> int:
     """Put the new core.img in place and free the copies; returns the bytes
     freed (0 where the filesystem cannot punch holes: the pages stay, unused).
     With every hole punched, pages.img gets the digest ckptd-dedup computed
     for it as its writer's (checksum.WRITER_XATTR): finalize need not read
     it all again to hash it."""
-    os.replace(rw.new_core, rw.proc_dir / "core.img")
     forget_writer_digest(rw.proc_dir / "pages.img")  # its bytes change here
+    if rw.missing:
+        fill(rw.proc_dir, peer, rw.missing)
+    os.replace(rw.new_core, rw.proc_dir / "core.img")
     fd = os.open(rw.proc_dir / "pages.img", os.O_WRONLY)
     freed = 0
     try:

@@ -32,6 +32,7 @@ typedef int (*update_fn)(void *state, const void *p, size_t n);
 typedef ck_xxh128 (*digest_fn)(const void *state);
 
 static struct {
+    ck_page_hash_fn page;  /* XXH3_64bits */
     void *state;  /* XXH3_state_t, allocated in the constructor */
     reset_fn reset;
     update_fn update;
@@ -50,9 +51,12 @@ void ck_checksum_load(void)
     xxh.reset = (reset_fn)dlsym(lib, "XXH3_128bits_reset");
     xxh.update = (update_fn)dlsym(lib, "XXH3_128bits_update");
     xxh.digest = (digest_fn)dlsym(lib, "XXH3_128bits_digest");
+    xxh.page = (ck_page_hash_fn)dlsym(lib, "XXH3_64bits");
     if (create && xxh.reset && xxh.update && xxh.digest)
         xxh.state = create();
 }
+
+ck_page_hash_fn ck_checksum_page_hash(void) { return xxh.state ? xxh.page : 0; }
 
 int ck_checksum_start(struct ck_checksum *s)
 {

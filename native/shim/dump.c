@@ -624,6 +624,7 @@ int ck_dump(const struct ck_dump_args *a, struct ck_dump_stats *st, char *err, s
     int rc = dump_proc(&im);
     im.proc.job_depth = a->depth;
     im.keep_cached = a->keep_cached;
+    im.dedup = a->dedup;
     im.no_writer = a->no_writer;
     if (rc == 0)
         rc = dump_threads(&im, &self);

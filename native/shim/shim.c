@@ -7,7 +7,7 @@
  *   shim  -> agent  HELLO job= pid= tid= ppid= exe= restored=0|1 checkpoint=
  *   agent -> shim   PREMAP                -> PREMAPPED  (smaps read early, before parking)
  *   agent -> shim   QUIESCE timeout_ms=   -> QUIESCED threads=   | ERROR msg=
- *   agent -> shim   DUMP dir= base= image= depth= cached= sync= [key=]
+ *   agent -> shim   DUMP dir= base= image= depth= cached= sync= dedup= [key=]
  *                                         -> DUMPED <stats> | ERROR [retry=1] msg=
  *                   (base: the checkpoint this one may build on; image: this
  *                   image's final directory relative to the job's, depth levels down;
@@ -312,7 +312,7 @@ static void finish_restore(void)
 
 static void handle_dump(char *line)
 {
-    static char dirbuf[4096], base[256], image[CK_SOURCE_PATH + 2], depth[16], cached[4], sync[4];  /* too long an image name: detected, not cut */
+    static char dirbuf[4096], base[256], image[CK_SOURCE_PATH + 2], depth[16], cached[4], sync[4], dedup[4];  /* too long an image name: detected, not cut */
     struct ck_dump_args a;
     a.dir = msg_copy(line, "dir", dirbuf, sizeof(dirbuf));
     a.base = msg_copy(line, "base", base, sizeof(base));
@@ -320,6 +320,7 @@ static void handle_dump(char *line)
     a.depth = msg_copy(line, "depth", depth, sizeof(depth)) ? (uint32_t)ck_parse_u64(depth, 10, 0) : 0;
     a.keep_cached = msg_copy(line, "cached", cached, sizeof(cached)) && cached[0] == '1';
     a.no_writer = msg_copy(line, "sync", sync, sizeof(sync)) && sync[0] == '1';
+    a.dedup = msg_copy(line, "dedup", dedup, sizeof(dedup)) && dedup[0] >= '1' && dedup[0] <= '2' ? dedup[0] - '0' : 0;
     a.key_hex = (char *)msg_get(line, "key");  /* last: msg_get cuts the line; ck_dump wipes it */
     const char *dir = a.dir;
     char err[CK_ERR_CAP];

@@ -122,6 +122,7 @@ struct ck_dump_args {
     uint32_t depth;
     int keep_cached;  /* 1: the agent reads pages.img again (dedup): the writer leaves it cached */
     int no_writer;    /* 1: the copy a writer could cost might not fit in memory (agent/capture_budget.py) */
+    int dedup;        /* launch --dedup: CK_DEDUP_SOURCE (rank 0) or CK_DEDUP_COMPARE (another rank) */
     char *key_hex;    /* launch --encrypt: the key, 64 hex digits inside the command line (wiped once read), or NULL */
 };
 int ck_dump(const struct ck_dump_args *a, struct ck_dump_stats *st, char *err, size_t errcap) CK_HIDDEN;
@@ -135,6 +136,7 @@ struct ck_image {
     int n_own_fds;
     int keep_cached;          /* ck_dump_args.keep_cached */
     int no_writer;            /* ck_dump_args.no_writer: pages written during the pause (or staged) */
+    int dedup;                /* ck_dump_args.dedup (writeout_dedup.c) */
     const struct ck_gcm_key *key;  /* launch --encrypt: in the arena (never in an image); NULL: plain */
     uint8_t prefix[8];        /* pages.img's nonce prefix (image_format.h, CK_GCM_*) */
     struct ck_proc proc;
@@ -226,6 +228,30 @@ void ck_checksum_add(struct ck_checksum *s, uint64_t off, const void *p, uint64_
 int ck_checksum_add_file(struct ck_checksum *s, int fd, char *buf, size_t cap, uint64_t off, uint64_t len) CK_HIDDEN;
 /* the digest onto fd's file if all of it was hashed (best effort) */
 void ck_checksum_finish(struct ck_checksum *s, int fd) CK_HIDDEN;
+/* xxh3-64 of a page, for writeout_dedup.c; NULL without the library */
+typedef uint64_t (*ck_page_hash_fn)(const void *p, size_t n);
+ck_page_hash_fn ck_checksum_page_hash(void) CK_HIDDEN;
+
+/* ---- writeout_dedup.c: a rank's writer leaves out the pages rank 0 holds ---- */
+#define CK_DEDUP_SOURCE 1   /* rank 0: its writer says how far it has written */
+#define CK_DEDUP_COMPARE 2  /* another rank: its writer compares with rank 0's pages */
+/* rank 0's writer: pages.progress in dirfd, or -1; then how far it has
+ * written, in file order (~0: all of it) */
+int ck_dedup_progress_open(int dirfd) CK_HIDDEN;
+void ck_dedup_progress(int fd, uint64_t upto) CK_HIDDEN;
+struct ck_dedup;
+/* in the writer: wait for the agent's dedup.spec in dirfd and index rank
+ * 0's pages it names; NULL: write every page (no spec, "none", a bad one) */
+struct ck_dedup *ck_dedup_begin(int dirfd) CK_HIDDEN;
+/* the `npages` pages at `mem`, going to file offset `off`, one page run of
+ * the image: out(ctx, off, mem, len, held) for each stretch in order, held
+ * 1 where rank 0 holds it (recorded in pages.match, left a hole); the
+ * first nonzero out() is returned */
+typedef int (*ck_dedup_out_fn)(void *ctx, uint64_t off, const char *mem, uint64_t len, int held);
+int ck_dedup_run(struct ck_dedup *dd, uint64_t off, const char *mem, uint64_t npages, ck_dedup_out_fn out,
+                 void *ctx) CK_HIDDEN;
+/* pages.match complete ("done" line); 0 or -errno */
+int ck_dedup_end(struct ck_dedup *dd) CK_HIDDEN;
 
 /* ---- dump_mem.c ---- */
 /* read smaps while the job still runs: parsing it is slow for big mappings */

@@ -567,6 +567,9 @@ struct hashed_out {
     struct ck_image *im;        /* its key and prefix when encrypting */
     struct ck_sealer *sealer;   /* NULL: not encrypting */
     int piped;                  /* the second thread writes (wpipe) */
+    struct ck_dedup *dd;        /* launch --dedup, a rank other than 0: leave out rank 0's pages */
+    uint64_t end;               /* where the image's last run ends: the file's size */
+    int progress;               /* launch --dedup, rank 0: pages.progress (writeout_dedup.c); -1: none */
 };
 
 static int hashed_flush(struct hashed_out *o)
@@ -593,6 +596,8 @@ static int hashed_flush(struct hashed_out *o)
     int rc = pwritev_raw(o->fd, &one, 1, o->off);  /* encrypted already, if at all */
     o->off += o->fill;
     o->fill = 0;
+    if (rc == 0)
+        ck_dedup_progress(o->progress, o->off);
     follow_writeback(o->fd, &o->wb, o->off);
     return rc;
 }
@@ -642,6 +647,22 @@ static int read_back(struct hashed_out *o, uint64_t off, uint64_t len)
     return 0;
 }
 
+/* pages rank 0 holds alike (writeout_dedup.c): a hole, zeros to the checksum */
+static int hashed_hole(struct hashed_out *o, uint64_t off, uint64_t len)
+{
+    static const char zeros[1 << 16];
+    int rc = hashed_flush(o);
+    for (uint64_t done = 0; done < len && rc == 0; done += sizeof(zeros))
+        ck_checksum_add(o->sum, off + done, zeros, len - done < sizeof(zeros) ? len - done : sizeof(zeros));
+    return rc;
+}
+
+static int dedup_out(void *ctx, uint64_t off, const char *mem, uint64_t len, int held)
+{
+    struct hashed_out *o = ctx;
+    return held ? hashed_hole(o, off, len) : hashed_put(o, off, mem, len);
+}
+
 static int hashed_run(void *ctx, const struct ck_vma *v, const struct ck_page_run *r)
 {
     struct hashed_out *o = ctx;
@@ -649,6 +670,10 @@ static int hashed_run(void *ctx, const struct ck_vma *v, const struct ck_page_ru
     int later = ck_vma_written_later(v);
     if (r->src)
         return 0;  /* an earlier image's pages */
+    if (r->offset + size > o->end)
+        o->end = r->offset + size;
+    if (later && (v->prot & PROT_READ) && o->dd)
+        return ck_dedup_run(o->dd, r->offset, (const char *)r->vaddr, r->npages, dedup_out, o);
     if (later && (v->prot & PROT_READ))
         return hashed_put(o, r->offset, (const char *)r->vaddr, size);
     int rc = hashed_flush(o);  /* bounce is needed below */
@@ -658,14 +683,17 @@ static int hashed_run(void *ctx, const struct ck_vma *v, const struct ck_page_ru
         rc = write_unreadable(o->fd, &o->mem_fd, r);
     if (rc == 0)  /* written during the pause, or just now */
         rc = read_back(o, r->offset, size);
+    if (rc == 0)
+        ck_dedup_progress(o->progress, r->offset + size);
     return rc;
 }
 
-static int write_later_runs_hashed(struct ck_image *im, int fd, struct ck_checksum *sum, struct ck_sealer *sealer)
+static int write_later_runs_hashed(struct ck_image *im, int fd, struct ck_checksum *sum, struct ck_sealer *sealer,
+                                   struct ck_dedup *dd, int progress)
 {
     /* what it hashed the agent does not read back (but to deduplicate): it
      * need not stay cached */
-    struct hashed_out o = {fd, -1, 0, 0, {0, 0, !im->keep_cached}, sum, im, sealer, 0};
+    struct hashed_out o = {fd, -1, 0, 0, {0, 0, !im->keep_cached}, sum, im, sealer, 0, dd, 0, progress};
     if (sealer) {  /* a second thread hashes and writes while this one encrypts */
         char *stack = ck_mmap(0, 256 << 10, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         wpipe = (typeof(wpipe)){0, 0, 0, 0, fd, 0, &o.wb, sum};
@@ -675,6 +703,13 @@ static int write_later_runs_hashed(struct ck_image *im, int fd, struct ck_checks
     int rc = each_run(im, 1, hashed_run, &o);
     if (rc == 0)
         rc = hashed_flush(&o);
+    struct stat st;
+    if (rc == 0 && dd && (rc = (int)ck_fstat(fd, &st)) == 0 && (uint64_t)st.st_size < o.end)
+        rc = (int)ck_ftruncate(fd, o.end);  /* the last pages may be a hole */
+    if (rc == 0 && dd)
+        rc = ck_dedup_end(dd);
+    if (rc == 0)
+        ck_dedup_progress(progress, ~0ull);  /* every byte: the comparing ranks need not wait for the name */
     if (o.piped) {
         int prc = pipe_drain();
         if (rc == 0)
@@ -706,7 +741,7 @@ static long writer_sealed(void *arg)
     if (side < 0)
         return side;
     ck_sealer_start(seal.sealer, im->key, im->prefix, side);
-    int rc = write_later_runs_hashed(im, 0, a->sum, seal.sealer);
+    int rc = write_later_runs_hashed(im, 0, a->sum, seal.sealer, 0, -1);
     struct stat st;
     if (rc == 0)
         rc = (int)ck_fstat(0, &st);
@@ -766,7 +801,11 @@ __attribute__((noreturn)) static void writer_main(struct ck_image *im)
         struct writer_run a = {im, &sum};
         rc = (int)crypt_call(writer_sealed, &a);  /* not on the stack it writes */
     } else {
-        rc = hashing ? write_later_runs_hashed(im, 0, &sum, 0) : write_later_runs(im, 0);
+        /* launch --dedup: rank 0 says how far it has written, another
+         * rank writes only what rank 0's pages do not hold (writeout_dedup.c) */
+        int progress = hashing && im->dedup == CK_DEDUP_SOURCE ? ck_dedup_progress_open(1) : -1;
+        struct ck_dedup *dd = hashing && im->dedup == CK_DEDUP_COMPARE ? ck_dedup_begin(1) : 0;
+        rc = hashing ? write_later_runs_hashed(im, 0, &sum, 0, dd, progress) : write_later_runs(im, 0);
     }
     if (rc == 0) {
         ck_checksum_finish(&sum, 0);
