@@ -704,6 +704,8 @@ class Checkpointer:
                 t = time.monotonic()
                 try:
                     left_out = dedup.writer_matches(proc_dir, peer)
+                    if left_out is not None:
+                        log.info("job %s: pid %d's writer: %s", job.name, pd.pid, dedup.writer_counts(proc_dir))
                 except (OSError, CkptdError) as e:  # holes, and no saying where: not an image
                     raise CkptdError(
                         Code.INTERNAL,
@@ -721,7 +723,9 @@ class Checkpointer:
                     t_plan += time.monotonic() - t
                     (proc_dir / dedup.WRITER_MATCHES).unlink(missing_ok=True)
                 by_writer += left_out is not None
-                if rw is None:
+                if rw is None:  # nothing to refer to after all (no room for the sections, say)
+                    if left_out:
+                        dedup.fill(proc_dir, peer, left_out)
                     continue
                 with job.cond:
                     conn = job.shims.get(pd.host_pid)
@@ -797,6 +801,14 @@ class Checkpointer:
             t = time.monotonic()
             peer = self._wait_for_peer(job, peer, dedup_with)
             log.info("job %s: waited %.3f s for rank 0's pages after our own", job.name, time.monotonic() - t)
+            if peer is None and any((d / pd.dir / dedup.WRITER_MATCHES).exists() for pd in dumps):
+                # rank 0's round failed too, and with it the checkpoint: never commit holes
+                raise CkptdError(
+                    Code.ABORTED,
+                    f"rank 0's images, whose pages job {job.name}'s writers left out, were not finished; "
+                    "the checkpoint is discarded",
+                    transient=True,
+                )
         deduped = self._dedup(job, d, dumps, peer, dedup_with_final) if peer is not None else 0
         cuda = self._cuda_dumped.pop(job.name, set())
         # a tree that could not be rebuilt is refused: the checkpoint is

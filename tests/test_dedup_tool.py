@@ -209,3 +209,14 @@ def test_pages_a_writer_left_out_become_references_or_come_back(ckptd: Ckptd, tm
     (unfinished / dedup.WRITER_MATCHES).write_text("match 5 0 0 1\ndone 0 0 1\n")
     with pytest.raises(CkptdError, match="the writer answered 'match 5 0 0 1'"):
         dedup.writer_matches(unfinished, peer)
+
+
+def test_writers_compare_only_where_one_page_cache_serves(tmp_path: Path) -> None:
+    """Rank r's writers compare with rank 0's pages while they are written
+    only on a filesystem this machine's page cache serves alone (a network
+    filesystem's client may keep a page it read ahead before it was
+    written); elsewhere they write every page and ckptd-dedup compares
+    after them."""
+    assert dedup.compared_while_written(tmp_path)
+    assert not dedup.compared_while_written(Path("/proc/self"))
+    assert not dedup.compared_while_written(Path("/sys/kernel"))

@@ -243,6 +243,15 @@ def writer_matches(proc_dir: Path, peer: PeerPages) -> list[Match] | None:
     return _parse_matches(out, peer, "the writer")[0]
 
 
+def writer_counts(proc_dir: Path) -> str:
+    """The writer's last line, for the agent's log: "done INDEXED HASHED
+    MATCHED" (pages), then the milliseconds it spent in all, waiting for
+    rank 0's writers, and hashing their pages (waits included)."""
+    with contextlib.suppress(OSError, IndexError):
+        return (proc_dir / WRITER_MATCHES).read_text(errors="replace").splitlines()[-1]
+    return ""
+
+
 def fill(proc_dir: Path, peer: PeerPages, matches: list[Match]) -> None:
     """Copy pages a writer left out back from rank 0's files into their
     holes: the image is then complete on its own.  Its writer's digest

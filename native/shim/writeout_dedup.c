@@ -19,12 +19,14 @@
  *      in file order), or "none".  The writer (CK_DEDUP_COMPARE) waits for
  *      it, at most SPEC_WAIT_MS: then it writes every page.
  *   2. It maps rank 0's files (pages.img.part while they are written) and,
- *      as their writers move on, hashes each page they have written into a
- *      table (xxh3-64: the hash only proposes a page).
+ *      as their writers move on, hashes every STRIDE-th page they have
+ *      written into a table (xxh3-64: the hash only proposes a page).
  *   3. Walking its own runs in file order, it first lets rank 0 get LEAD
  *      bytes ahead of its own offset (or finish), then looks each page up
- *      and compares it byte for byte with rank 0's; a match grows page by
- *      page with the comparison alone.  A matched stretch is left a hole in
+ *      and compares it byte for byte with rank 0's; a match grows back
+ *      over the pages not yet handed to the write (up to STRIDE - 1 lie
+ *      before the first page the table has) and forwards, page by page,
+ *      with the comparison alone.  A matched stretch is left a hole in
  *      pages.img (zeros in the writer's checksum: the file as it reads) and
  *      recorded in pages.match: "match OWN_OFFSET PEER PEER_OFFSET NPAGES",
  *      as ckptd-dedup answers, then "done INDEXED HASHED MATCHED".
@@ -66,6 +68,7 @@
 #define LEAD (64ull << 20)  /* rank 0 ahead of this writer's own offset: within the cache it keeps */
 #define STALL_MS 30000      /* rank 0 saying nothing new this long: stop waiting for it */
 #define PLAIN_BATCH 256     /* pages not held, handed out at most this many at a time */
+#define STRIDE 8            /* rank 0's pages hashed: those at file offsets a multiple of this many pages */
 #define DONE (~0ull)
 
 /* ---- rank 0's side ---- */
@@ -94,7 +97,8 @@ enum peer_state { WRITING, FINISHED, GONE };
 struct peer {
     const uint8_t *map;
     uint64_t size;          /* mapped: where its last run ends */
-    int progress;           /* its pages.progress, -1: none (wait for its end) */
+    int progress;           /* its pages.progress, -1: none yet (then wait for its end) */
+    const char *progress_path;
     int part;               /* its pages.img.part: lockable once its writer is gone */
     const char *final_path; /* pages.img: there once it is complete */
     enum peer_state state;
@@ -124,6 +128,7 @@ struct ck_dedup {
     char buf[4096];
     struct ck_buf line;
     uint64_t indexed, hashed, matched;
+    int64_t started, waited, indexing; /* ns: for the agent's log line */
 };
 
 static struct ck_dedup dedup; /* one writer, one image */
@@ -178,6 +183,8 @@ static void index_ready(struct ck_dedup *dd, struct peer *p)
         if (p->next < r->offset)
             p->next = r->offset;
         for (; p->next < end && p->next + PAGE <= p->ready; p->next += PAGE) {
+            if ((p->next / PAGE) % STRIDE)
+                continue;
             table_add(dd, dd->hash(p->map + p->next, PAGE), p->run, p->next);
             dd->indexed++;
         }
@@ -190,6 +197,10 @@ static void index_ready(struct ck_dedup *dd, struct peer *p)
 static int refresh(struct peer *p)
 {
     uint64_t said = 0, before = p->ready;
+    if (p->progress < 0) {  /* its writer had not started yet when the list came */
+        int fd = (int)ck_open(p->progress_path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW, 0);
+        p->progress = fd < 0 ? -1 : fd;
+    }
     if (p->progress >= 0 && ck_pread(p->progress, &said, sizeof(said), 0) == sizeof(said))
         p->ready = said == DONE ? p->size : said < p->size ? said : p->size;
     if (said == DONE) {
@@ -223,7 +234,7 @@ static void let_go(struct peer *p, uint64_t below)
 
 /* index what rank 0 has written, waiting until each of its writers is past
  * `want` (or done, or silent for STALL_MS) */
-static void catch_up(struct ck_dedup *dd, uint64_t want)
+static void catch_up_now(struct ck_dedup *dd, uint64_t want)
 {
     for (uint32_t k = 0; k < dd->npeers && want > 2 * LEAD; k++)
         let_go(&dd->peers[k], want - 2 * LEAD);
@@ -244,8 +255,18 @@ static void catch_up(struct ck_dedup *dd, uint64_t want)
                     dd->peers[k].state = GONE; /* what it said it wrote still counts */
             return;
         }
+        int64_t t = ck_now_ns(CLOCK_MONOTONIC);
         ck_nanosleep_ms(1);
+        dd->waited += ck_now_ns(CLOCK_MONOTONIC) - t;
     }
+}
+
+/* the same, timed */
+static void catch_up(struct ck_dedup *dd, uint64_t want)
+{
+    int64_t t0 = ck_now_ns(CLOCK_MONOTONIC);
+    catch_up_now(dd, want);
+    dd->indexing += ck_now_ns(CLOCK_MONOTONIC) - t0;
 }
 
 static int open_spec(int dirfd)
@@ -307,6 +328,7 @@ static int open_peer(struct peer *p, const char *path)
     if (!part || !progress)
         return -1;
     p->final_path = path;
+    p->progress_path = progress;
     p->progress = -1;
     for (int attempt = 0; attempt < 2; attempt++) {
         int fd = (int)ck_open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW, 0);
@@ -315,14 +337,13 @@ static int open_peer(struct peer *p, const char *path)
             p->state = FINISHED;
             return 0;
         }
-        /* opened before its progress: a writer that finishes in between
-         * still leaves ~0 there (or its lock free and pages.img named) */
+        /* its progress is opened after this (refresh): a writer that
+         * finishes in between still leaves ~0 there (or its lock free and
+         * pages.img named) */
         fd = (int)ck_open(part, O_RDONLY | O_CLOEXEC | O_NOFOLLOW, 0);
         if (fd >= 0) {
             p->part = fd;
             p->state = WRITING;
-            int pfd = (int)ck_open(progress, O_RDONLY | O_CLOEXEC | O_NOFOLLOW, 0);
-            p->progress = pfd < 0 ? -1 : pfd;
             return 0;
         }
     }
@@ -432,6 +453,7 @@ struct ck_dedup *ck_dedup_begin(int dirfd)
     if (dd->out < 0)
         return 0;
     ck_buf_init(&dd->line, dd->buf, sizeof(dd->buf));
+    dd->started = ck_now_ns(CLOCK_MONOTONIC);
     return dd;
 }
 
@@ -459,21 +481,29 @@ int ck_dedup_run(struct ck_dedup *dd, uint64_t off, const char *mem, uint64_t np
             }
             continue;
         }
-        /* forwards, page by page, within the peer's run and what it has written */
+        /* backwards over the pages not handed out yet (a stretch begins up
+         * to STRIDE - 1 pages before the first page rank 0's table has),
+         * then forwards, page by page, within the peer's run and what it
+         * has written */
+        uint64_t back = 0;
+        while (i - back > plain && s->offset - back * PAGE > pr->offset &&
+               !differs(page - (back + 1) * PAGE, p->map + s->offset - (back + 1) * PAGE))
+            back++;
         uint64_t fwd = 1, peer_end = pr->offset + pr->npages * PAGE;
         if (peer_end > p->ready)
             peer_end = p->ready;
         while (i + fwd < npages && s->offset + fwd * PAGE < peer_end &&
                !differs(page + fwd * PAGE, p->map + s->offset + fwd * PAGE))
             fwd++;
-        if (i > plain)
-            rc = out(ctx, off + plain * PAGE, mem + plain * PAGE, (i - plain) * PAGE, 0);
-        uint64_t m[4] = {at, pr->file, s->offset, fwd};
+        uint64_t first = i - back;
+        if (first > plain)
+            rc = out(ctx, off + plain * PAGE, mem + plain * PAGE, (first - plain) * PAGE, 0);
+        uint64_t m[4] = {off + first * PAGE, pr->file, s->offset - back * PAGE, back + fwd};
         if (rc == 0)
             rc = record(dd, "match", m, 4);
         if (rc == 0)
-            rc = out(ctx, at, mem + i * PAGE, fwd * PAGE, 1);
-        dd->matched += fwd;
+            rc = out(ctx, off + first * PAGE, mem + first * PAGE, (back + fwd) * PAGE, 1);
+        dd->matched += back + fwd;
         i += fwd;
         plain = i;
     }
@@ -484,8 +514,12 @@ int ck_dedup_run(struct ck_dedup *dd, uint64_t off, const char *mem, uint64_t np
 
 int ck_dedup_end(struct ck_dedup *dd)
 {
-    uint64_t counts[3] = {dd->indexed, dd->hashed, dd->matched};
-    int rc = record(dd, "done", counts, 3);
+    /* and, for the agent's log: milliseconds in all, waiting for rank 0,
+     * and hashing its pages (waits included) */
+    uint64_t counts[6] = {dd->indexed, dd->hashed, dd->matched,
+                          (uint64_t)(ck_now_ns(CLOCK_MONOTONIC) - dd->started) / 1000000,
+                          (uint64_t)dd->waited / 1000000, (uint64_t)dd->indexing / 1000000};
+    int rc = record(dd, "done", counts, 6);
     if (rc == 0)
         rc = flush_line(dd);
     if (rc == 0)
