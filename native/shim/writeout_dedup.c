@@ -399,8 +399,8 @@ static int parse_spec(struct ck_dedup *dd, char *text)
     }
     if (!pages)
         return -1;
-    uint64_t slots = 1024;
-    while (slots < pages * 2)
+    uint64_t slots = 1024; /* twice the pages hashed: one in STRIDE of each run, and its first */
+    while (slots < (pages / STRIDE + dd->nruns) * 2)
         slots <<= 1;
     dd->table = map_anon(slots * sizeof(struct slot));
     if (!dd->table)
