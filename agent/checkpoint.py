@@ -703,15 +703,17 @@ class Checkpointer:
                 proc_dir = d / pd.dir
                 t = time.monotonic()
                 try:
-                    left_out = dedup.writer_matches(proc_dir, peer)
-                    if left_out is not None:
-                        log.info("job %s: pid %d's writer: %s", job.name, pd.pid, dedup.writer_counts(proc_dir))
+                    written = dedup.writer_matches(proc_dir, peer)
                 except (OSError, CkptdError) as e:  # holes, and no saying where: not an image
                     raise CkptdError(
                         Code.INTERNAL,
                         f"pid {pd.pid}'s writer left pages out but no readable list of them ({e}); "
                         "the checkpoint is discarded",
                     ) from None
+                left_out = None
+                if written is not None:
+                    left_out, counts = written
+                    log.info("job %s: pid %d's writer: %s", job.name, pd.pid, counts)
                 try:
                     rw = dedup.plan(proc_dir, peer, left_out)
                 except (OSError, CkptdError) as e:  # the image stays as it was, or as it would have been

@@ -106,17 +106,21 @@ def memory_of(proc_dir: Path, files: dict[int, Path]) -> dict[int, bytes]:
     return out
 
 
+def process_image(c: Ckptd) -> Path:
+    """The image directory of a real process, checkpointed and killed."""
+    c.launch("one", [PYTHON, str(WORKLOADS / "dirty_pages.py"), "400", "8"])
+    c.wait_log("one", r"^step 2 ")
+    info = c.checkpoint("one")
+    c.kill9("one")
+    return next(Path(info["path"]).glob("proc-*"))
+
+
 def test_plan_and_apply_against_a_copy_and_a_truncated_peer(ckptd: Ckptd, tmp_path: Path) -> None:
     """A real image against a copy of itself: every page it holds becomes a
     reference, the memory it restores is the same, the digest recorded is
     the file's.  Against a truncated copy the tool fails, plan raises, and
     the image is untouched."""
-    c = ckptd
-    c.launch("one", [PYTHON, str(WORKLOADS / "dirty_pages.py"), "400", "8"])
-    c.wait_log("one", r"^step 2 ")
-    info = c.checkpoint("one")
-    c.kill9("one")
-    proc = next(Path(info["path"]).glob("proc-*"))
+    proc = process_image(ckptd)
     job = tmp_path / "job"
     peer_dir, own_dir = job / "ckpt-x" / "rank-0", job / "ckpt-x" / "rank-1"
     shutil.copytree(proc, peer_dir / proc.name)
@@ -158,12 +162,7 @@ def test_pages_a_writer_left_out_become_references_or_come_back(ckptd: Ckptd, tm
     cannot take them (the process is gone, say), `fill` copies them back
     from rank 0's file and the image restores the same memory on its own.
     A list the writer did not finish is refused."""
-    c = ckptd
-    c.launch("one", [PYTHON, str(WORKLOADS / "dirty_pages.py"), "400", "8"])
-    c.wait_log("one", r"^step 2 ")
-    info = c.checkpoint("one")
-    c.kill9("one")
-    proc = next(Path(info["path"]).glob("proc-*"))
+    proc = process_image(ckptd)
     peer_dir = tmp_path / "ckpt-x" / "rank-0"
     shutil.copytree(proc, peer_dir / proc.name)
     runs = [(int(r.offset), int(r.npages)) for r in CoreImage.load(proc / "core.img").records["runs"] if not r.src]
@@ -185,18 +184,18 @@ def test_pages_a_writer_left_out_become_references_or_come_back(ckptd: Ckptd, tm
     peer = dedup.index_peer(peer_dir, "ckpt-x/rank-0")
 
     own = left_out("referred")
-    assert dedup.writer_matches(own, peer) == sorted(left)
-    rw = dedup.plan(own, peer, dedup.writer_matches(own, peer))
+    assert dedup.writer_matches(own, peer) == (sorted(left), f"done 0 0 {stored // P}")
+    rw = dedup.plan(own, peer, sorted(left))
     assert rw is not None and rw.deduped_bytes == stored and not rw.missing
     dedup.apply(rw, peer)
     assert memory_of(own, {1: peer_dir / proc.name / "pages.img"}) == before
 
     own = left_out("filled")
     assert memory_of(own, {}) != before  # holes
-    rw = dedup.plan(own, peer, dedup.writer_matches(own, peer))
+    rw = dedup.plan(own, peer, sorted(left))
     assert rw is not None
     dedup.discard(rw)  # the shim could not take the new runs
-    dedup.fill(own, peer, dedup.writer_matches(own, peer) or [])
+    dedup.fill(own, peer, sorted(left))
     assert not (own / ("core.img" + dedup.DEDUP_SUFFIX)).exists()
     assert memory_of(own, {}) == before
     assert (own / "pages.img").read_bytes() == (proc / "pages.img").read_bytes()

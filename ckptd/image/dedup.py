@@ -232,24 +232,18 @@ def forget_spec(proc_dir: Path) -> None:
         (proc_dir / name).unlink(missing_ok=True)
 
 
-def writer_matches(proc_dir: Path, peer: PeerPages) -> list[Match] | None:
+def writer_matches(proc_dir: Path, peer: PeerPages) -> tuple[list[Match], str] | None:
     """The pages the process's writer left out (pages.match), or None if it
-    wrote every page.  Raises CkptdError for a list it did not finish."""
+    wrote every page; with its last line, for the agent's log: "done
+    INDEXED HASHED MATCHED" (pages), then the milliseconds it spent in all,
+    waiting for rank 0's writers, and hashing their pages (waits
+    included).  Raises CkptdError for a list it did not finish."""
     path = proc_dir / WRITER_MATCHES
     try:
         out = path.read_text(errors="replace").splitlines()
     except FileNotFoundError:
         return None
-    return _parse_matches(out, peer, "the writer")[0]
-
-
-def writer_counts(proc_dir: Path) -> str:
-    """The writer's last line, for the agent's log: "done INDEXED HASHED
-    MATCHED" (pages), then the milliseconds it spent in all, waiting for
-    rank 0's writers, and hashing their pages (waits included)."""
-    with contextlib.suppress(OSError, IndexError):
-        return (proc_dir / WRITER_MATCHES).read_text(errors="replace").splitlines()[-1]
-    return ""
+    return _parse_matches(out, peer, "the writer")[0], out[-1]
 
 
 def fill(proc_dir: Path, peer: PeerPages, matches: list[Match]) -> None:
