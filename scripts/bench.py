@@ -32,17 +32,20 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import importlib.util
 import json
 import mmap
 import os
 import platform
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -144,7 +147,8 @@ def wait_line(log: Path, prefix: str, after: int = 0, timeout: float = 300) -> s
                 if line.startswith(prefix):
                     return line
         time.sleep(0.05)
-    raise SystemExit(f"{prefix!r} never appeared in {log}")
+    tail = " | ".join(log.read_text(errors="replace").splitlines()[-3:]) if log.exists() else "(no log)"
+    raise SystemExit(f"{prefix!r} never appeared in {log}; it ends: {tail}")
 
 
 def gap_of(pid: int, log: Path) -> float:
@@ -212,19 +216,28 @@ def kill9(c: Ckptd, job: str) -> None:
         time.sleep(0.05)
 
 
-def kill_and_restart(c: Ckptd, job: str, info: dict, alive: Callable[[], object]) -> dict[str, float]:
-    """SIGKILL the job, evict its checkpoint from the page cache, time the
-    restart, check it runs (alive), and remove it; the checkpoint's and the
-    restart's figures."""
+def restart_once(c: Ckptd, job: str, info: dict, alive: Callable[[], object]) -> tuple[float, float]:
+    """SIGKILL the job, evict its checkpoint from the page cache, let the
+    freed memory settle, time the restart and check the job runs (alive):
+    the command's seconds (CLI start-up and its RPC included, as DMTCP's)
+    and the coordinator's own (request to running)."""
     kill9(c, job)
     cold(Path(info["path"]))
     t = time.monotonic()
     own_s = float(c.json("ckptctl", "restart", job)["duration_s"])
-    restart_s = time.monotonic() - t  # the command's: CLI start-up and its RPC included, as DMTCP's
+    restart_s = time.monotonic() - t
     time.sleep(0.5)
     alive()
-    c.run("ckptctl", "kill", job)
-    shutil.rmtree(Path(info["path"]))
+    return restart_s, own_s
+
+
+def kill_and_restart(c: Ckptd, job: str, info: dict, alive: Callable[[], object], keep: bool = False) -> dict[str, Any]:
+    """restart_once, then the job removed (unless keep: Again restarts it
+    more times); the checkpoint's and the restart's figures."""
+    restart_s, own_s = restart_once(c, job, info, alive)
+    if not keep:
+        c.run("ckptctl", "kill", job)
+        shutil.rmtree(Path(info["path"]))
     image = int(info["size_bytes"])
     ckpt_s = float(info["duration_s"])  # request to commit, as the coordinator timed it
     return {
@@ -233,13 +246,59 @@ def kill_and_restart(c: Ckptd, job: str, info: dict, alive: Callable[[], object]
         "image": image,
         "restart_s": restart_s,
         "restart_own_s": own_s,  # the coordinator's own timing: request to running
+        "restart_runs": [restart_s],
+        "own_runs": [own_s],
         "write_bw": image / ckpt_s,
         "read_bw": image / restart_s,
     }
 
 
-def bench_size(base: Path, mib: int, procs: int = 1) -> dict[str, float]:
-    w, r = raw_baseline(base, (mib << 20) * procs)
+@dataclass
+class Again:
+    """A job kept after its row was measured, for --restarts: each round()
+    restarts it once more and reads the raw file of the same size once more,
+    and bench_dmtcp calls round() between its own restarts of the same
+    workload, so ckptd's, DMTCP's and the raw reads alternate and see the
+    same disk and host. DMTCP's restart of 1 GiB has measured 0.95-4.8 s
+    on this VM from one run to the next: one restart of each says little."""
+
+    c: Ckptd
+    job: str
+    info: dict[str, Any]
+    alive: Callable[[], object]
+    raw: Path
+    row: dict[str, Any]
+
+    def round(self) -> None:
+        restart_s, own_s = restart_once(self.c, self.job, self.info, self.alive)
+        self.row["restart_runs"].append(restart_s)
+        self.row["own_runs"].append(own_s)
+        self.row["raw_read_runs"].append(raw_read(self.raw))
+
+    def finish(self, restarts: int) -> None:
+        """Rounds alone up to restarts in all (no DMTCP to alternate with, or
+        it failed), then close."""
+        while len(self.row["restart_runs"]) < restarts:
+            self.round()
+        self.close()
+
+    def close(self) -> None:
+        """The job and its files removed; the row's figures become the medians of every round."""
+        self.c.run("ckptctl", "kill", self.job)
+        shutil.rmtree(Path(self.info["path"]))
+        self.raw.unlink()
+        r = self.row
+        r["restart_s"] = statistics.median(r["restart_runs"])
+        r["restart_own_s"] = statistics.median(r["own_runs"])
+        r["raw_read"] = statistics.median(r["raw_read_runs"])
+        r["read_bw"] = r["image"] / r["restart_s"]
+
+
+def bench_size(base: Path, mib: int, procs: int = 1, keep: bool = False) -> tuple[dict[str, Any], Again | None]:
+    """The row of one process (procs > 1: a tree) of mib MiB each; with keep,
+    also the Again that restarts it more times (--restarts)."""
+    raw = base / f"raw-{procs}x{mib}.bin"  # raw_baseline's, kept for Again's rounds
+    w, r = raw_write(raw, (mib << 20) * procs), raw_read(raw)
 
     c = Ckptd(base / "home")
     job = f"bench-{procs}x{mib}"
@@ -265,15 +324,23 @@ def bench_size(base: Path, mib: int, procs: int = 1) -> dict[str, float]:
     info = c.json("ckptctl", "checkpoint", job)
     paused = gap(c, job, log)
 
-    row = kill_and_restart(c, job, info, lambda: gap(c, job, log))
-    fresh = fresh_baseline(base)
+    def alive() -> float:
+        return gap(c, job, log)
+
+    row = kill_and_restart(c, job, info, alive, keep=keep)
+    fresh = raw_read_into_new_memory(raw)  # after the job, as fresh_baseline
     # this disk's write speed drifts by a third within minutes: the baseline is
     # the mean of a raw write before and one after ckptd's checkpoint
     after = base / "raw-after.bin"
     w_after = raw_write(after, (mib << 20) * procs)
     after.unlink()
-    return {"mib": mib, "procs": procs, "raw_write": (w + w_after) / 2, "raw_write_before": w,
-            "raw_write_after": w_after, "raw_read": r, "raw_fresh": fresh, "paused_s": paused, **row}  # fmt: skip
+    row.update({"mib": mib, "procs": procs, "raw_write": (w + w_after) / 2, "raw_write_before": w,
+                "raw_write_after": w_after, "raw_read": r, "raw_read_runs": [r], "raw_fresh": fresh,
+                "paused_s": paused})  # fmt: skip
+    if not keep:
+        raw.unlink()
+        return row, None
+    return row, Again(c, job, info, alive, raw, row)
 
 
 def bench_lazy(base: Path, mib: int) -> dict[str, Any]:
@@ -641,7 +708,8 @@ def table(rows: list[dict[str, float]], where: Path) -> str:
     head = (
         "| resident | checkpoint s | paused s (from inside) | image MiB | ckpt GB/s "
         "| raw write GB/s (before/after) | ckpt/raw "
-        "| restart s (ckptd's own) | restart GB/s | raw read GB/s | restart/raw | read into new memory GB/s "
+        "| restart s (ckptd's own), median of --restarts | restart GB/s | raw read GB/s (median) | restart/raw "
+        "| read into new memory GB/s "
         "| restart/that |\n"
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
     )
@@ -728,8 +796,15 @@ def main() -> int:
         "--settle", type=float, default=SETTLE_S,
         help=f"seconds between evicting a file and reading it back (default {SETTLE_S:g}; see SETTLE_S)",
     )  # fmt: skip
+    ap.add_argument(
+        "--restarts", type=int, default=1,
+        help="settled restarts of each of --sizes and --trees, alternating with DMTCP's and with raw reads; "
+        "the tables give medians, and every restart in the order run (default 1)",
+    )  # fmt: skip
     ap.add_argument("--out", help="also write the table to this file")
     args = ap.parse_args()
+    if importlib.util.find_spec("numpy") is None:  # the workloads' memory (bench_workload.py)
+        raise SystemExit(f"the benchmark's workloads need numpy, which {sys.executable} lacks: pip install '.[demo]'")
     global settle_s
     settle_s = args.settle
     if args.dir:
@@ -745,6 +820,7 @@ def main() -> int:
     gzip_rows: list[dict[str, Any]] = []
     enc_rows: list[dict[str, Any]] = []
     move_rows: list[dict[str, Any]] = []
+    agains: dict[tuple[int, int, int], Again | None] = {}  # (MiB, processes, ranks): --restarts
     try:
         for mib in (int(s) for s in filter(None, args.encrypt.split(","))):
             print(f"benchmarking --encrypt with {mib} MiB ...", file=sys.stderr, flush=True)
@@ -770,13 +846,18 @@ def main() -> int:
             print(f"benchmarking incremental checkpoints of {mib} MiB ({args.track}) ...", file=sys.stderr, flush=True)
             for track in filter(None, args.track.split(",")):
                 inc_rows.append(bench_incremental(base, mib, args.dirty, args.rounds, track))
+        keep = args.restarts > 1
         for mib in (int(s) for s in filter(None, args.sizes.split(","))):
             print(f"benchmarking {mib} MiB ...", file=sys.stderr, flush=True)
-            rows.append(bench_size(base, mib))
+            row, again = bench_size(base, mib, keep=keep)
+            rows.append(row)
+            agains[(mib, 1, 0)] = again
         for tree in filter(None, args.trees.split(",")):
             procs, mib = (int(x) for x in tree.split("x"))
             print(f"benchmarking {procs} processes of {mib} MiB ...", file=sys.stderr, flush=True)
-            rows.append(bench_size(base, mib, procs))
+            row, again = bench_size(base, mib, procs, keep=keep)
+            rows.append(row)
+            agains[(mib, procs, 0)] = again
         rank_counts = [int(x) for x in filter(None, args.ranks.split(","))]
         with Nodes(base, args.nodes) if args.nodes and rank_counts else contextlib.nullcontext() as nodes:
             for n in rank_counts:
@@ -795,13 +876,17 @@ def main() -> int:
             workloads += [(args.rank_mib, 1, 2)] if 2 in rank_counts else []
             for mib, procs, nranks in workloads:
                 print(f"benchmarking DMTCP with {procs} x {mib} MiB, {nranks} ranks ...", file=sys.stderr, flush=True)
+                again = agains.pop((mib, procs, nranks), None)
                 try:
                     dmtcp_rows.append(
                         bench_dmtcp(base, mib, RANK_WORKLOAD if nranks else WORKLOAD, cold=cold,
-                                    wait_line=wait_line, procs=procs, ranks=nranks)
+                                    wait_line=wait_line, procs=procs, ranks=nranks,
+                                    restarts=args.restarts if again else 1, between=again.round if again else None)
                     )  # fmt: skip
                 except (RuntimeError, OSError, subprocess.SubprocessError, SystemExit) as e:
                     print(f"DMTCP with {procs} x {mib} MiB, {nranks} ranks failed: {e}", file=sys.stderr)
+                if again:
+                    again.finish(args.restarts)
             # --compress zstd beside DMTCP's gzip: the same process, the same fill
             for mib, fill in dict.fromkeys((int(r["mib"]), r["fill"]) for r in tier_rows if r["codec"] == "zstd"):
                 print(f"benchmarking DMTCP with gzip, {mib} MiB ({fill}) ...", file=sys.stderr, flush=True)
@@ -812,6 +897,8 @@ def main() -> int:
                     print(f"DMTCP with gzip, {mib} MiB ({fill}) failed: {e}", file=sys.stderr)
         else:
             print("DMTCP not installed: no comparison", file=sys.stderr)
+        for again in filter(None, agains.values()):  # no DMTCP to alternate with
+            again.finish(args.restarts)
     finally:
         subprocess.run(
             ["ckptctl", "shutdown"],

@@ -22,6 +22,7 @@ import os
 import re
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -90,6 +91,8 @@ def bench_dmtcp(
     ranks: int = 0,
     gzip: bool = False,
     fill: str = "",
+    restarts: int = 1,
+    between: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """bench.py's own helpers come in: evict files from the page cache and
     let the freed memory settle (cold), wait for a line of a log.  procs > 1:
@@ -97,7 +100,11 @@ def bench_dmtcp(
     that many ranks of bench_rank_workload.py (workload), each its own
     dmtcp_launch, talking over loopback TCP, checkpointed and restarted
     together.  gzip: DMTCP compresses its images (DMTCP_GZIP=1), to set
-    beside `ckptd launch --compress zstd`; fill: the workload's BENCH_FILL."""
+    beside `ckptd launch --compress zstd`; fill: the workload's BENCH_FILL.
+    restarts > 1: the job killed and restarted from the same images that
+    many times in all, between() called before each restart after the first
+    (bench.py's Again.round: ckptd's restart of the same workload), and
+    restart_s the median."""
     what = f"{ranks}r" if ranks else f"{procs}x"
     work = base / f"dmtcp-{what}{mib}{'-gzip' if gzip else ''}{'-' + fill if fill else ''}"
     ckpt = work / "ckpt"
@@ -166,27 +173,42 @@ def bench_dmtcp(
         deadline = time.monotonic() + 30
         while _clients(env, running=False) and time.monotonic() < deadline:
             time.sleep(0.1)
-        cold(*images)
         # dmtcp_restart gives the restored processes its own stdout and
         # stderr: a job's log goes on in its log, ranks all print to one
         restart_log = logs[0] if not ranks else work / "restart.log"
-        t0 = time.monotonic()
-        with open(restart_log, "ab") as out:
-            restarted = subprocess.Popen(["dmtcp_restart", "--join", *map(str, images)],
-                                         env=env, cwd=work, stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
-        running.append(restarted)
-        # running again once every first process answers (the answer's own latency is milliseconds)
-        while True:
-            real = _clients(env)
-            if all(v in real for v in first):
-                break
-            if restarted.poll() is not None or time.monotonic() > t0 + 600:
-                raise RuntimeError(f"dmtcp_restart did not bring the job back: {_tail(restart_log)}")
-            time.sleep(0.02)
-        _gaps({real[v]: restart_log for v in first}, restarted)
-        restart_s = time.monotonic() - t0
+        runs: list[float] = []
+        restarted: subprocess.Popen[bytes] | None = None
+        for k in range(restarts):
+            if k:
+                if between is not None:
+                    between()
+                for real in _clients(env, running=False).values():  # the restarted job, every process
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(real, signal.SIGKILL)
+                if restarted is not None:
+                    restarted.wait()
+                deadline = time.monotonic() + 30
+                while _clients(env, running=False) and time.monotonic() < deadline:
+                    time.sleep(0.1)
+            cold(*images)
+            t0 = time.monotonic()
+            with open(restart_log, "ab") as out:
+                restarted = subprocess.Popen(["dmtcp_restart", "--join", *map(str, images)],
+                                             env=env, cwd=work, stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+            running.append(restarted)
+            # running again once every first process answers (the answer's own latency is milliseconds)
+            while True:
+                real = _clients(env)
+                if all(v in real for v in first):
+                    break
+                if restarted.poll() is not None or time.monotonic() > t0 + 600:
+                    raise RuntimeError(f"dmtcp_restart did not bring the job back: {_tail(restart_log)}")
+                time.sleep(0.02)
+            runs.append(time.monotonic() - t0)  # before the answer is asked for: none of its latency counts
+            _gaps({real[v]: restart_log for v in first}, restarted)
+        restart_s = statistics.median(runs)
         return {"mib": mib, "procs": procs, "ranks": ranks, "image": image, "ckpt_s": ckpt_s, "paused_s": paused,
-                "restart_s": restart_s, "gzip": gzip, "fill": fill}  # fmt: skip
+                "restart_s": restart_s, "restart_runs": runs, "gzip": gzip, "fill": fill}  # fmt: skip
     finally:
         subprocess.run(["dmtcp_command", "--quit"], env=env, check=False, capture_output=True, timeout=30)
         for p in running:
@@ -206,7 +228,8 @@ def dmtcp_table(ckptd_rows: list[dict[str, Any]], dmtcp_rows: list[dict[str, Any
     (ckptd/DMTCP: below 1, ckptd takes less)."""
     head = (
         "| workload | checkpoint s ckptd / DMTCP | ratio | paused s ckptd / DMTCP | ratio "
-        "| image MiB ckptd / DMTCP | ratio | restart s ckptd / DMTCP (from the command, CLI included) | ratio |\n"
+        "| image MiB ckptd / DMTCP | ratio "
+        "| restart s ckptd / DMTCP (from the command, CLI included; median of --restarts) | ratio |\n"
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|\n"
     )
     body = ""
@@ -223,7 +246,26 @@ def dmtcp_table(ckptd_rows: list[dict[str, Any]], dmtcp_rows: list[dict[str, Any
             else:
                 cells += [f"- / {d[k] / scale:{fmt}}", "-"]
         body += "| " + " | ".join(cells) + " |\n"
-    return head + body
+    return head + body + _restart_runs(ours, dmtcp_rows)
+
+
+def _restart_runs(ours: dict[tuple[int, int, int], dict[str, Any]], dmtcp_rows: list[dict[str, Any]]) -> str:
+    """Every restart of a workload restarted more than once (--restarts), in
+    the order run, ckptd's and DMTCP's alternating; the table above gives
+    their medians."""
+    text = ""
+    for d in dmtcp_rows:
+        c = ours.get(_key(d))
+        if not c or len(d.get("restart_runs", [])) < 2:
+            continue
+        pairs = list(zip(c["restart_runs"], d["restart_runs"], strict=False))
+        faster = sum(1 for a, b in pairs if a < b)
+        mib, procs, _ = _key(d)
+        what = f"{procs} x {mib} MiB" if procs > 1 else f"{mib} MiB"
+        each = ", ".join(f"{a:.2f} / {b:.2f}" for a, b in pairs)
+        text += f"- {what}: restarts in the order run, ckptd / DMTCP: {each}; "
+        text += f"ckptd faster in {faster} of {len(pairs)}\n"
+    return "\n" + text if text else ""
 
 
 def compress_table(tier_rows: list[dict[str, Any]], gzip_rows: list[dict[str, Any]]) -> str:
