@@ -53,6 +53,19 @@ def _clients(env: dict[str, str], running: bool = True) -> dict[int, int]:
     return {int(v): int(r) for v, r, state in found if not running or state == "WorkerState::RUNNING"}
 
 
+def _kill_clients(env: dict[str, str], kill: bool = True) -> None:
+    """SIGKILL every process the coordinator lists (kill; by their real
+    pids: a tree's processes are not our children), and wait until it lists
+    none."""
+    if kill:
+        for real in _clients(env, running=False).values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(real, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while _clients(env, running=False) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
 def _gaps(pids: dict[int, Path], watch: subprocess.Popen[bytes], timeout: float = 120) -> float:
     """SIGUSR1 to each process (real pid -> the log it prints to; several
     may share one); the longest pause any of them reports.  Fails at once,
@@ -166,13 +179,7 @@ def bench_dmtcp(
         for job in jobs:
             job.send_signal(signal.SIGKILL)
             job.wait()
-        if procs > 1:  # the tree's other processes: SIGKILL by the coordinator's list, the job's own pids
-            for real in _clients(env, running=False).values():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(real, signal.SIGKILL)
-        deadline = time.monotonic() + 30
-        while _clients(env, running=False) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        _kill_clients(env, kill=procs > 1)  # a tree's other processes (the first ones are reaped: their pids are free)
         # dmtcp_restart gives the restored processes its own stdout and
         # stderr: a job's log goes on in its log, ranks all print to one
         restart_log = logs[0] if not ranks else work / "restart.log"
@@ -182,14 +189,9 @@ def bench_dmtcp(
             if k:
                 if between is not None:
                     between()
-                for real in _clients(env, running=False).values():  # the restarted job, every process
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(real, signal.SIGKILL)
+                _kill_clients(env)  # the restarted job, every process
                 if restarted is not None:
                     restarted.wait()
-                deadline = time.monotonic() + 30
-                while _clients(env, running=False) and time.monotonic() < deadline:
-                    time.sleep(0.1)
             cold(*images)
             t0 = time.monotonic()
             with open(restart_log, "ab") as out:
