@@ -189,21 +189,22 @@ def raw_read_into_new_memory(path: Path) -> float:
     return n / (time.monotonic() - t)
 
 
-def raw_baseline(base: Path, size: int) -> tuple[float, float]:
+def raw_baseline(base: Path, size: int, name: str = "raw.bin") -> tuple[float, float]:
     """Raw sequential write and read bandwidth of `size` bytes in this
     directory.  The file stays for fresh_baseline."""
-    raw = base / "raw.bin"
+    raw = base / name
     return raw_write(raw, size), raw_read(raw)
 
 
-def fresh_baseline(base: Path) -> float:
-    """The read of raw_baseline's file into new memory; removes the file.
-    Measured after the job: allocating and freeing that much memory right
-    before it changes how the job's memory is backed (its pause measured
-    ten times longer)."""
-    raw = base / "raw.bin"
+def fresh_baseline(base: Path, name: str = "raw.bin", keep: bool = False) -> float:
+    """The read of raw_baseline's file into new memory; removes the file
+    (unless keep: Again reads it again).  Measured after the job:
+    allocating and freeing that much memory right before it changes how the
+    job's memory is backed (its pause measured ten times longer)."""
+    raw = base / name
     fresh = raw_read_into_new_memory(raw)
-    raw.unlink()
+    if not keep:
+        raw.unlink()
     return fresh
 
 
@@ -297,8 +298,8 @@ class Again:
 def bench_size(base: Path, mib: int, procs: int = 1, keep: bool = False) -> tuple[dict[str, Any], Again | None]:
     """The row of one process (procs > 1: a tree) of mib MiB each; with keep,
     also the Again that restarts it more times (--restarts)."""
-    raw = base / f"raw-{procs}x{mib}.bin"  # raw_baseline's, kept for Again's rounds
-    w, r = raw_write(raw, (mib << 20) * procs), raw_read(raw)
+    raw = base / f"raw-{procs}x{mib}.bin"  # kept for Again's rounds
+    w, r = raw_baseline(base, (mib << 20) * procs, raw.name)
 
     c = Ckptd(base / "home")
     job = f"bench-{procs}x{mib}"
@@ -328,7 +329,7 @@ def bench_size(base: Path, mib: int, procs: int = 1, keep: bool = False) -> tupl
         return gap(c, job, log)
 
     row = kill_and_restart(c, job, info, alive, keep=keep)
-    fresh = raw_read_into_new_memory(raw)  # after the job, as fresh_baseline
+    fresh = fresh_baseline(base, raw.name, keep=keep)
     # this disk's write speed drifts by a third within minutes: the baseline is
     # the mean of a raw write before and one after ckptd's checkpoint
     after = base / "raw-after.bin"
@@ -337,10 +338,7 @@ def bench_size(base: Path, mib: int, procs: int = 1, keep: bool = False) -> tupl
     row.update({"mib": mib, "procs": procs, "raw_write": (w + w_after) / 2, "raw_write_before": w,
                 "raw_write_after": w_after, "raw_read": r, "raw_read_runs": [r], "raw_fresh": fresh,
                 "paused_s": paused})  # fmt: skip
-    if not keep:
-        raw.unlink()
-        return row, None
-    return row, Again(c, job, info, alive, raw, row)
+    return row, (Again(c, job, info, alive, raw, row) if keep else None)
 
 
 def bench_lazy(base: Path, mib: int) -> dict[str, Any]:
