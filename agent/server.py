@@ -5,15 +5,18 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any, ClassVar
 
 import grpc
 
+from ckptd import limits
 from ckptd.auth import Policy, Role
 from ckptd.errors import CkptdError, Code
 from ckptd.jobstate import LIVE
-from ckptd.rpc import rpc_method
+from ckptd.rpc import answer_error, rpc_method
 from ckptd.v1 import ckptd_pb2 as pb
 from ckptd.v1 import ckptd_pb2_grpc as pb_grpc
 
@@ -32,6 +35,10 @@ class AgentService(pb_grpc.AgentServicer):
     def __init__(self, node: AgentNode, policy: Policy) -> None:
         self.node = node
         self.policy = policy
+        # a Steps request's steps run side by side, as many as a job has ranks
+        # (a round's steps on one node may wait for each other: --dedup);
+        # threads are started as needed and kept
+        self._pool = ThreadPoolExecutor(max_workers=limits.MAX_RANKS, thread_name_prefix="ckptd-step")
 
     def _coordinator(self, context: grpc.ServicerContext) -> None:
         self.policy.require(context, Role.COORDINATOR, "driving a node")
@@ -105,10 +112,15 @@ class AgentService(pb_grpc.AgentServicer):
         return self._shown(context, job.status())
 
     # ---- the barrier protocol ----
+    # Each phase of a round is a step, sent in a Steps request with the
+    # node's other targets' (one request per node per phase,
+    # coordinator/barrier.py).  A restart releases its held ranks with the
+    # Resume and Abort RPCs, which run the same steps.
 
-    @rpc_method
-    def Prepare(self, request: pb.PrepareRequest, context: grpc.ServicerContext) -> pb.PrepareResponse:
-        self._coordinator(context)
+    def _get_job(self, request: pb.AgentJobRequest) -> pb.JobStatus:
+        return self.node.job_status(self.node.get(request.job))
+
+    def _prepare(self, request: pb.PrepareRequest) -> pb.PrepareResponse:
         t0 = time.monotonic()
         job = self.node.get(request.job)
         reply = self.node.checkpointer.prepare(
@@ -118,9 +130,7 @@ class AgentService(pb_grpc.AgentServicer):
         job.fault("prepare")
         return reply
 
-    @rpc_method
-    def Drain(self, request: pb.ResumeRequest, context: grpc.ServicerContext) -> pb.PhaseResponse:
-        self._coordinator(context)
+    def _drain(self, request: pb.ResumeRequest) -> pb.PhaseResponse:
         t0 = time.monotonic()
         job = self.node.get(request.job)
         self.node.checkpointer.drain(job)
@@ -128,9 +138,7 @@ class AgentService(pb_grpc.AgentServicer):
         job.fault("drain")
         return pb.PhaseResponse(local_s=local_s)
 
-    @rpc_method
-    def Dump(self, request: pb.DumpRequest, context: grpc.ServicerContext) -> pb.DumpResponse:
-        self._coordinator(context)
+    def _dump(self, request: pb.DumpRequest) -> pb.DumpResponse:
         t0 = time.monotonic()
         job = self.node.get(request.job)
         reply = self.node.checkpointer.dump(job, request)
@@ -138,9 +146,7 @@ class AgentService(pb_grpc.AgentServicer):
         job.fault("dump")
         return reply
 
-    @rpc_method
-    def Resume(self, request: pb.ResumeRequest, context: grpc.ServicerContext) -> pb.PhaseResponse:
-        self._coordinator(context)
+    def _resume(self, request: pb.ResumeRequest) -> pb.PhaseResponse:
         t0 = time.monotonic()
         job = self.node.get(request.job)
         if not self.node.release(job):  # a rank held after its restore, or a checkpoint's pause
@@ -148,9 +154,7 @@ class AgentService(pb_grpc.AgentServicer):
             job.fault("resume")
         return pb.PhaseResponse(local_s=time.monotonic() - t0)
 
-    @rpc_method
-    def Abort(self, request: pb.ResumeRequest, context: grpc.ServicerContext) -> pb.Empty:
-        self._coordinator(context)
+    def _abort(self, request: pb.ResumeRequest) -> pb.Empty:
         try:
             job = self.node.get(request.job)
         except CkptdError:
@@ -163,6 +167,60 @@ class AgentService(pb_grpc.AgentServicer):
         self.node.checkpointer.abort(job, request.checkpoint_id)
         return pb.Empty()
 
+    def _finalize(self, request: pb.FinalizeRequest) -> pb.FinalizeResponse:
+        t0 = time.monotonic()
+        job = self.node.get(request.job)
+        part = self.node.manifest_part(job, request)
+        local_s = time.monotonic() - t0
+        job.fault("finalize")
+        return pb.FinalizeResponse(manifest_part_json=json.dumps(part.to_json()), local_s=local_s)
+
+    # RankStep's and StepReply's field names
+    _STEPS: ClassVar[dict[str, Callable[[AgentService, Any], Any]]] = {
+        "get_job": _get_job,
+        "prepare": _prepare,
+        "drain": _drain,
+        "dump": _dump,
+        "resume": _resume,
+        "finalize": _finalize,
+        "abort": _abort,
+    }
+
+    @rpc_method
+    def Steps(self, request: pb.StepsRequest, context: grpc.ServicerContext) -> pb.StepsReply:
+        """Every step at once: the first on this RPC's own thread (a node
+        with one rank hands nothing over), the others on the step pool."""
+        self._coordinator(context)
+        steps = list(request.steps)
+        later = [self._pool.submit(self._step, step) for step in steps[1:]]
+        replies = [self._step(step) for step in steps[:1]]
+        replies += [f.result() for f in later]
+        return pb.StepsReply(replies=replies)
+
+    def _step(self, step: pb.RankStep) -> pb.StepReply:
+        kind = step.WhichOneof("step")
+        try:
+            if kind is None:  # a field this agent does not know
+                raise CkptdError(
+                    Code.INVALID_ARGUMENT,
+                    f"node {self.node.node} was sent a step it does not know: its agent and the coordinator "
+                    "are different versions of ckptd; run one version on every node",
+                )
+            return pb.StepReply(**{kind: self._STEPS[kind](self, getattr(step, kind))})
+        except Exception as e:
+            err = answer_error(kind or "Steps", e)
+            return pb.StepReply(error=pb.StepError(code=err.code.name, message=err.message, transient=err.transient))
+
+    @rpc_method
+    def Resume(self, request: pb.ResumeRequest, context: grpc.ServicerContext) -> pb.PhaseResponse:
+        self._coordinator(context)
+        return self._resume(request)
+
+    @rpc_method
+    def Abort(self, request: pb.ResumeRequest, context: grpc.ServicerContext) -> pb.Empty:
+        self._coordinator(context)
+        return self._abort(request)
+
     @rpc_method
     def Stop(self, request: pb.StopRequest, context: grpc.ServicerContext) -> pb.JobStatus:
         """End a job for good after its final checkpoint (preemption)."""
@@ -173,16 +231,6 @@ class AgentService(pb_grpc.AgentServicer):
         job.kill(request.reason or "stopped")
         job.wait_ended(10)
         return job.status()
-
-    @rpc_method
-    def Finalize(self, request: pb.FinalizeRequest, context: grpc.ServicerContext) -> pb.FinalizeResponse:
-        self._coordinator(context)
-        t0 = time.monotonic()
-        job = self.node.get(request.job)
-        part = self.node.manifest_part(job, request)
-        local_s = time.monotonic() - t0
-        job.fault("finalize")
-        return pb.FinalizeResponse(manifest_part_json=json.dumps(part.to_json()), local_s=local_s)
 
     @rpc_method
     def Restore(self, request: pb.RestoreRequest, context: grpc.ServicerContext) -> pb.JobStatus:

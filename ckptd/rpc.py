@@ -234,22 +234,30 @@ def reachable(address: str, timeout: float = 1.0) -> bool:
         ch.close()
 
 
-def _abort(context: grpc.ServicerContext, name: str, exc: BaseException) -> None:
-    # storage that fails under a request: the caller learns which file, not "internal error"
+def answer_error(name: str, exc: BaseException) -> CkptdError:
+    """What a failure in a servicer's name (a method, or a step of Steps)
+    tells its caller: a CkptdError as it is; storage that failed under the
+    request, which file (not "internal error"); anything else INTERNAL, with
+    its traceback in the daemon log."""
+    if isinstance(exc, CkptdError):
+        return exc
     if isinstance(exc, OSError) and exc.errno in STORAGE_ERRNOS:
         log.warning("%s: storage failed: %s", name, exc)
         where = f"{exc.filename}: " if exc.filename else ""
-        exc = CkptdError(
+        return CkptdError(
             Code.UNAVAILABLE, f"storage failed in {name}: {where}{exc.strerror} (errno {exc.errno}); fix it and retry"
         )
-    if isinstance(exc, CkptdError):
-        # marked as ckptd's own answer: an UNAVAILABLE from here is about a
-        # node behind the service, not the service itself
-        # (and whether it is transient: a caller may try again)
-        context.set_trailing_metadata(((ANSWERED, "1"), (TRANSIENT, "1" if exc.transient else "0")))
-        context.abort(exc.code.status, exc.message)
     log.exception("%s failed", name)
-    context.abort(Code.INTERNAL.status, f"internal error in {name}: {exc!r} (see the daemon log)")
+    return CkptdError(Code.INTERNAL, f"internal error in {name}: {exc!r} (see the daemon log)")
+
+
+def _abort(context: grpc.ServicerContext, name: str, exc: BaseException) -> None:
+    err = answer_error(name, exc)
+    # marked as ckptd's own answer: an UNAVAILABLE from here is about a
+    # node behind the service, not the service itself
+    # (and whether it is transient: a caller may try again)
+    context.set_trailing_metadata(((ANSWERED, "1"), (TRANSIENT, "1" if err.transient else "0")))
+    context.abort(err.code.status, err.message)
 
 
 def rpc_method(fn: F) -> F:

@@ -2,25 +2,27 @@
 
 A job is one or more targets: a classic job's single process tree, or the
 ranks of a multi-node job, each on its node's agent.  Every phase runs on
-all targets in parallel and completes on all before the next one starts:
+all targets in parallel and completes on all before the next one starts;
+an agent gets one Agent.Steps request per phase holding a step for each of
+its node's targets (RankStep):
 
     0 reserve   next id; create <job dir>/.ckpt-N.tmp-XXXX (fails early on
                 read-only or missing storage, before the job is touched)
-    1 prepare   every rank quiesces: all its processes parked (Agent.Prepare)
+    1 prepare   every rank quiesces: all its processes parked (step prepare)
     2 drain     every rank lets its unsent TCP bytes leave into its parked
-                peers' receive queues (Agent.Drain); connections between
+                peers' receive queues (step drain); connections between
                 ranks are also saved in repair mode, whole, so any byte
                 still in flight is replayed exactly once
     3 dump      every rank writes its images into <tmp>/rank-R (a classic
                 job: <tmp>) in parallel, with its output log position
-    4 resume    the job runs again (Agent.Resume); the stall ends here.
+    4 resume    the job runs again (step resume); the stall ends here.
                 With then_stop (preemption) the ranks stay parked instead
-    5 finalize  checksums, identities, fsync (Agent.Finalize)
+    5 finalize  checksums, identities, fsync (step finalize)
     6 commit    every rank's manifest, then the job's manifest.json, fsynced;
                 then the directory is renamed to ckpt-N: atomic, and only
                 now visible.  With then_stop the ranks are stopped now
 
-Abort at any step, on any rank's failure or timeout: Agent.Abort on every
+Abort at any step, on any rank's failure or timeout: step abort on every
 rank (release parked threads), remove the temporary directory.  The last
 committed checkpoint is never touched.  A failure marked transient (a
 passing state: CkptdError.transient, from the shim's ERROR retry=1 or a
@@ -87,6 +89,21 @@ def dedup_role(dedup: bool, t: Target) -> pb.DedupRole:
     return pb.DEDUP_ROLE_SOURCE if t.rank.rank == 0 else pb.DEDUP_ROLE_COMPARE
 
 
+def step_answer(reply: pb.StepReply, step: str, node: str) -> Any:
+    """A step's reply (StepReply's field step), or the CkptdError it failed with."""
+    kind = reply.WhichOneof("reply")
+    if kind == "error":
+        e = reply.error
+        return CkptdError(Code.__members__.get(e.code, Code.INTERNAL), e.message, transient=e.transient)
+    if kind != step:
+        return CkptdError(
+            Code.INTERNAL,
+            f"agent on {node} answered {step} with {kind or 'nothing'}: it runs another version of ckptd than "
+            "the coordinator; run one version on every node",
+        )
+    return getattr(reply, kind)
+
+
 class CheckpointRound:
     def __init__(
         self,
@@ -105,6 +122,7 @@ class CheckpointRound:
         self.set_operation = set_operation
         self.then_stop = then_stop
         self.issue_s = self.wire_s = 0.0  # the last phase's (_on_all)
+        self.requests = 0
 
     def run(self) -> pb.CheckpointInfo:
         record = self.record
@@ -142,31 +160,61 @@ class CheckpointRound:
             record.op_lock.release()
 
     def _on_all(
-        self, stubs: dict[Target, AgentStub], method: str, make: Callable[[Target], Any], timeout: float
+        self, stubs: dict[Target, AgentStub], step: str, make: Callable[[Target], Any], timeout: float
     ) -> dict[Target, Any]:
-        """One phase on every target at once (every RPC in flight together, up
-        to rpc.FAN_OUT); the first failure (by rank) is raised after all have
-        answered, naming the rank."""
+        """One phase on every target at once: one Steps request per node
+        carrying its targets' steps (RankStep's field step), every node's in
+        flight together (up to rpc.FAN_OUT).  The first failure (by rank) is
+        raised after all have answered, naming the rank."""
         targets = list(stubs)
+        by_node: dict[str, list[int]] = {}
+        for i, t in enumerate(targets):
+            by_node.setdefault(t.node, []).append(i)
+        nodes = list(by_node)
+        self.requests = len(nodes)
         start, times = time.monotonic(), list[tuple[float, float]]()
-        answers = call_many(
-            [(stubs[t], method, make(t), timeout, f"agent on {t.node}") for t in targets],
+        replies = call_many(
+            [
+                (
+                    stubs[targets[by_node[node][0]]],
+                    "Steps",
+                    pb.StepsRequest(steps=[pb.RankStep(**{step: make(targets[i])}) for i in by_node[node]]),
+                    timeout,
+                    f"agent on {node}",
+                )
+                for node in nodes
+            ],
             # an agent that stops (or whose host freezes) fails the round once its heartbeats stop,
             # not after the phase's timeout (hours for a dump): the other ranks are parked meanwhile
-            lambda i: self.nodes.stopped_answering(targets[i].node, f"agent on {targets[i].node}", method),
+            lambda k: self.nodes.stopped_answering(nodes[k], f"agent on {nodes[k]}", step),
             times,
         )
+        answers: list[Any] = [None] * len(targets)
         # where the protocol's own time goes (Phase.issue_s, wire_s): the last
-        # request's send, and the worst round trip less the agent's own time
+        # request's send, and the worst round trip less its slowest step's own time
         self.issue_s = max((sent for sent, _ in times), default=start) - start
-        self.wire_s = max(
-            (
-                max(0.0, answered - sent - float(getattr(a, "local_s", 0.0)))
-                for (sent, answered), a in zip(times, answers, strict=True)
-                if not isinstance(a, CkptdError)
-            ),
-            default=0.0,
-        )
+        self.wire_s = 0.0
+        for node, reply, (sent, answered) in zip(nodes, replies, times, strict=True):
+            indices = by_node[node]
+            if isinstance(reply, CkptdError):
+                for i in indices:
+                    answers[i] = reply
+                continue
+            if len(reply.replies) != len(indices):
+                wrong = CkptdError(
+                    Code.INTERNAL,
+                    f"agent on {node} answered {len(reply.replies)} of {len(indices)} steps: it runs another "
+                    "version of ckptd than the coordinator; run one version on every node",
+                )
+                for i in indices:
+                    answers[i] = wrong
+                continue
+            own = 0.0
+            for i, r in zip(indices, reply.replies, strict=True):
+                answers[i] = step_answer(r, step, node)
+                if not isinstance(answers[i], CkptdError):
+                    own = max(own, float(getattr(answers[i], "local_s", 0.0)))
+            self.wire_s = max(self.wire_s, answered - sent - own)
         for t, a in zip(targets, answers, strict=True):
             if isinstance(a, CkptdError):
                 prefix = f"{t.label}: " if self.record.ranks else ""
@@ -177,7 +225,7 @@ class CheckpointRound:
         record, job = self.record, self.record.name
         targets = record.targets()
         stubs = {t: self.nodes.live_stub(t.node, job) for t in targets}
-        states = self._on_all(stubs, "GetJob", lambda t: pb.AgentJobRequest(job=t.name), 10)
+        states = self._on_all(stubs, "get_job", lambda t: pb.AgentJobRequest(job=t.name), 10)
         for t, status in states.items():
             if status.state != JobState.RUNNING.pb:
                 where = f" ({t.label})" if record.ranks else ""
@@ -213,19 +261,23 @@ class CheckpointRound:
         phases: list[Phase] = []
         mark = [t0]
 
-        def close(name: str, local_s: float = 0.0, issue_s: float = 0.0, wire_s: float = 0.0) -> None:
+        def close(name: str, local_s: float = 0.0, sent: bool = False) -> None:
             now = time.monotonic()
-            phases.append(Phase(name=name, rpc_s=now - mark[0], local_s=local_s, issue_s=issue_s, wire_s=wire_s))
+            p = Phase(name=name, rpc_s=now - mark[0], local_s=local_s)
+            if sent:  # where the phase's requests (_on_all) spent the protocol's time
+                p.issue_s, p.wire_s, p.requests = self.issue_s, self.wire_s, self.requests
+            phases.append(p)
             mark[0] = now
 
         close("reserve")
 
-        def phase(key: str, text: str, method: str, make: Callable[[Target], Any], timeout: float) -> dict[Target, Any]:
+        def phase(key: str, text: str, make: Callable[[Target], Any], timeout: float) -> dict[Target, Any]:
             self.set_operation(f"checkpoint {ckpt_id}: {text}")
-            replies = self._on_all(stubs, method, make, timeout)
-            close(key, max((float(r.local_s) for r in replies.values()), default=0.0), self.issue_s, self.wire_s)
+            replies = self._on_all(stubs, key, make, timeout)
+            local_s = max((float(r.local_s) for r in replies.values()), default=0.0)
+            close(key, local_s, sent=True)
             timings[f"{key}_s" if key != "prepare" else "quiesce_s"] = phases[-1].rpc_s
-            faults.point(method.lower(), "coordinator")
+            faults.point(key, "coordinator")
             return replies
 
         def request(t: Target) -> pb.ResumeRequest:
@@ -237,7 +289,6 @@ class CheckpointRound:
             prep = phase(
                 "prepare",
                 "quiescing",
-                "Prepare",
                 lambda t: pb.PrepareRequest(
                     job=t.name,
                     checkpoint_id=ckpt_id,
@@ -247,11 +298,10 @@ class CheckpointRound:
                 ),
                 self.timeout_s + 30,
             )
-            phase("drain", "draining bytes in flight", "Drain", request, 60)
+            phase("drain", "draining bytes in flight", request, 60)
             dumps = phase(
                 "dump",
                 "writing",
-                "Dump",
                 lambda t: pb.DumpRequest(
                     job=t.name,
                     checkpoint_id=ckpt_id,
@@ -267,7 +317,7 @@ class CheckpointRound:
                 LONG_RPC_S,
             )
             if not self.then_stop:
-                phase("resume", "resuming", "Resume", request, 60)
+                phase("resume", "resuming", request, 60)
                 parked = {}
             else:
                 close("resume")  # none: the ranks stay parked until stopped
@@ -284,7 +334,7 @@ class CheckpointRound:
                     req.dedup_with_final = f"{name}/{dirs[rank0].name}"
                 return req
 
-            parts = phase("finalize", "checksums and fsync", "Finalize", finalize, LONG_RPC_S)
+            parts = phase("finalize", "checksums and fsync", finalize, LONG_RPC_S)
             self.set_operation(f"checkpoint {ckpt_id}: committing")
             rank_parts = {t: RankPart.from_json(json.loads(p.manifest_part_json)) for t, p in parts.items()}
             timings["total_s"] = time.monotonic() - t0  # the ranks' manifests: the round up to finalize
@@ -431,12 +481,10 @@ class CheckpointRound:
 
     def _abort(self, parked: dict[Target, AgentStub], ckpt_id: int) -> None:
         # every rank at once; a failure is the agent's to log (its coordinator-gone watch releases it)
-        call_many(
-            [
-                (stub, "Abort", pb.ResumeRequest(job=t.name, checkpoint_id=ckpt_id), 60, f"agent on {t.node}")
-                for t, stub in parked.items()
-            ]
-        )
+        try:
+            self._on_all(parked, "abort", lambda t: pb.ResumeRequest(job=t.name, checkpoint_id=ckpt_id), 60)
+        except CkptdError as e:
+            log.info("job %s: abort of checkpoint %d: %s", self.record.name, ckpt_id, e.message)
 
     def _stop(self, stubs: dict[Target, AgentStub], name: str) -> None:
         reason = f"stopped after its final checkpoint {name}; `ckptctl restart {self.record.name}` resumes it"

@@ -90,6 +90,7 @@ def info_from_manifest(job: str, path: Path) -> pb.CheckpointInfo:
                 local_s=float(p["local_s"]),
                 issue_s=float(p.get("issue_s", 0)),  # none before they were recorded
                 wire_s=float(p.get("wire_s", 0)),
+                requests=int(p.get("requests", 0)),
             )
             for p in m.get("phases", [])  # none in a manifest from before phases were recorded
         ],

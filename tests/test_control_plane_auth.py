@@ -250,7 +250,13 @@ def test_agents_obey_only_the_coordinator(tls: TlsCluster) -> None:
             (agent.StartJob, pb.StartJobRequest(spec=spec)),
             (agent.Restore, pb.RestoreRequest(spec=spec, checkpoint_dir=str(tls.tmp))),
             (agent.Stop, pb.StopRequest(job="mine")),
-            (agent.Prepare, pb.PrepareRequest(job="mine", checkpoint_id=9, dir=str(tls.tmp))),
+            (
+                agent.Steps,  # a checkpoint round's steps
+                pb.StepsRequest(
+                    steps=[pb.RankStep(prepare=pb.PrepareRequest(job="mine", checkpoint_id=9, dir=str(tls.tmp)))]
+                ),
+            ),
+            (agent.Resume, pb.ResumeRequest(job="mine")),
             (agent.ListJobs, pb.Empty()),
         ]
         if who != "root":  # the owner (and an admin) may follow and signal their job where it runs

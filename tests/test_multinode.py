@@ -290,7 +290,10 @@ def test_four_ranks_auto_restart_after_node_death(three_nodes: MultiNode) -> Non
     st = m.status("dp4")
     assert sorted(r["node"] for r in st["ranks"]) == ["a", "a", "b", "c"]
     m.wait_line("dp4", 3, b"step   30")
-    m.checkpoint("dp4")
+    taken = m.checkpoint("dp4")
+    # each phase is one request per node (Agent.Steps), not one per rank: 3, not 4
+    sent = {p["name"]: p["requests"] for p in taken["phases"] if p["requests"]}
+    assert sent == dict.fromkeys(["prepare", "drain", "dump", "resume", "finalize"], 3), taken["phases"]
     m.wait_line("dp4", 3, b"step   60")
     m.cluster.kill_node("c")
     # nobody calls restart: the coordinator notices the dead node and moves rank 2

@@ -167,6 +167,7 @@ class Phase:
     # the rest, rpc_s less local_s, is the protocol's own cost; where it goes:
     issue_s: float = 0.0  # putting every rank's request in flight (the coordinator's serial part)
     wire_s: float = 0.0  # the worst rank's round trip less its own time (transport, an agent's queue)
+    requests: int = 0  # sent in the phase: one per node (Agent.Steps), not one per rank
 
 
 @dataclass
@@ -212,6 +213,7 @@ class Manifest:
                     "local_s": round(p.local_s, 6),
                     "issue_s": round(p.issue_s, 6),
                     "wire_s": round(p.wire_s, 6),
+                    "requests": p.requests,
                 }
                 for p in self.phases
             ],
