@@ -112,10 +112,9 @@ class AgentService(pb_grpc.AgentServicer):
         return self._shown(context, job.status())
 
     # ---- the barrier protocol ----
-    # Each phase of a round is a step, sent in a Steps request with the
-    # node's other targets' (one request per node per phase,
-    # coordinator/barrier.py).  A restart releases its held ranks with the
-    # Resume and Abort RPCs, which run the same steps.
+    # Each phase of a round (and a restart's release of its held ranks) is a
+    # step, sent in one Steps request with the node's other targets' steps
+    # (coordinator/steps.py).
 
     def _get_job(self, request: pb.AgentJobRequest) -> pb.JobStatus:
         return self.node.job_status(self.node.get(request.job))
@@ -210,16 +209,6 @@ class AgentService(pb_grpc.AgentServicer):
         except Exception as e:
             err = answer_error(kind or "Steps", e)
             return pb.StepReply(error=pb.StepError(code=err.code.name, message=err.message, transient=err.transient))
-
-    @rpc_method
-    def Resume(self, request: pb.ResumeRequest, context: grpc.ServicerContext) -> pb.PhaseResponse:
-        self._coordinator(context)
-        return self._resume(request)
-
-    @rpc_method
-    def Abort(self, request: pb.ResumeRequest, context: grpc.ServicerContext) -> pb.Empty:
-        self._coordinator(context)
-        return self._abort(request)
 
     @rpc_method
     def Stop(self, request: pb.StopRequest, context: grpc.ServicerContext) -> pb.JobStatus:

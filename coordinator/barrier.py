@@ -59,6 +59,7 @@ from .catalog import Catalog, info_from_manifest, storage_error
 from .jobs import JobRecord, now_rfc3339
 from .nodes import NodeRegistry
 from .ranks import Target
+from .steps import Sent, on_nodes
 
 log = logging.getLogger(__name__)
 
@@ -89,21 +90,6 @@ def dedup_role(dedup: bool, t: Target) -> pb.DedupRole:
     return pb.DEDUP_ROLE_SOURCE if t.rank.rank == 0 else pb.DEDUP_ROLE_COMPARE
 
 
-def step_answer(reply: pb.StepReply, step: str, node: str) -> Any:
-    """A step's reply (StepReply's field step), or the CkptdError it failed with."""
-    kind = reply.WhichOneof("reply")
-    if kind == "error":
-        e = reply.error
-        return CkptdError(Code.__members__.get(e.code, Code.INTERNAL), e.message, transient=e.transient)
-    if kind != step:
-        return CkptdError(
-            Code.INTERNAL,
-            f"agent on {node} answered {step} with {kind or 'nothing'}: it runs another version of ckptd than "
-            "the coordinator; run one version on every node",
-        )
-    return getattr(reply, kind)
-
-
 class CheckpointRound:
     def __init__(
         self,
@@ -121,8 +107,7 @@ class CheckpointRound:
         self.timeout_s = timeout_s or DEFAULT_QUIESCE_TIMEOUT_S
         self.set_operation = set_operation
         self.then_stop = then_stop
-        self.issue_s = self.wire_s = 0.0  # the last phase's (_on_all)
-        self.requests = 0
+        self.sent = Sent()  # the last phase's requests (_on_all)
 
     def run(self) -> pb.CheckpointInfo:
         record = self.record
@@ -162,59 +147,18 @@ class CheckpointRound:
     def _on_all(
         self, stubs: dict[Target, AgentStub], step: str, make: Callable[[Target], Any], timeout: float
     ) -> dict[Target, Any]:
-        """One phase on every target at once: one Steps request per node
-        carrying its targets' steps (RankStep's field step), every node's in
-        flight together (up to rpc.FAN_OUT).  The first failure (by rank) is
-        raised after all have answered, naming the rank."""
+        """One phase on every target at once, one request per node
+        (steps.on_nodes); the first failure (by rank) is raised after all
+        have answered, naming the rank."""
         targets = list(stubs)
-        by_node: dict[str, list[int]] = {}
-        for i, t in enumerate(targets):
-            by_node.setdefault(t.node, []).append(i)
-        nodes = list(by_node)
-        self.requests = len(nodes)
-        start, times = time.monotonic(), list[tuple[float, float]]()
-        replies = call_many(
-            [
-                (
-                    stubs[targets[by_node[node][0]]],
-                    "Steps",
-                    pb.StepsRequest(steps=[pb.RankStep(**{step: make(targets[i])}) for i in by_node[node]]),
-                    timeout,
-                    f"agent on {node}",
-                )
-                for node in nodes
-            ],
+        answers, self.sent = on_nodes(
+            [(t.node, stubs[t], make(t)) for t in targets],
+            step,
+            timeout,
             # an agent that stops (or whose host freezes) fails the round once its heartbeats stop,
             # not after the phase's timeout (hours for a dump): the other ranks are parked meanwhile
-            lambda k: self.nodes.stopped_answering(nodes[k], f"agent on {nodes[k]}", step),
-            times,
+            lambda node: self.nodes.stopped_answering(node, f"agent on {node}", step),
         )
-        answers: list[Any] = [None] * len(targets)
-        # where the protocol's own time goes (Phase.issue_s, wire_s): the last
-        # request's send, and the worst round trip less its slowest step's own time
-        self.issue_s = max((sent for sent, _ in times), default=start) - start
-        self.wire_s = 0.0
-        for node, reply, (sent, answered) in zip(nodes, replies, times, strict=True):
-            indices = by_node[node]
-            if isinstance(reply, CkptdError):
-                for i in indices:
-                    answers[i] = reply
-                continue
-            if len(reply.replies) != len(indices):
-                wrong = CkptdError(
-                    Code.INTERNAL,
-                    f"agent on {node} answered {len(reply.replies)} of {len(indices)} steps: it runs another "
-                    "version of ckptd than the coordinator; run one version on every node",
-                )
-                for i in indices:
-                    answers[i] = wrong
-                continue
-            own = 0.0
-            for i, r in zip(indices, reply.replies, strict=True):
-                answers[i] = step_answer(r, step, node)
-                if not isinstance(answers[i], CkptdError):
-                    own = max(own, float(getattr(answers[i], "local_s", 0.0)))
-            self.wire_s = max(self.wire_s, answered - sent - own)
         for t, a in zip(targets, answers, strict=True):
             if isinstance(a, CkptdError):
                 prefix = f"{t.label}: " if self.record.ranks else ""
@@ -265,7 +209,7 @@ class CheckpointRound:
             now = time.monotonic()
             p = Phase(name=name, rpc_s=now - mark[0], local_s=local_s)
             if sent:  # where the phase's requests (_on_all) spent the protocol's time
-                p.issue_s, p.wire_s, p.requests = self.issue_s, self.wire_s, self.requests
+                p.issue_s, p.wire_s, p.requests = self.sent.issue_s, self.sent.wire_s, self.sent.requests
             phases.append(p)
             mark[0] = now
 

@@ -17,6 +17,7 @@ from .catalog import Catalog
 from .jobs import JobRecord, JobRegistry
 from .nodes import Node, NodeRegistry
 from .ranks import RankRecord, agent_job_name, aggregate, apply_placement, each_rank, on_every_rank, rank_spec
+from .steps import on_nodes
 from .tiering import TransferBoard, fetch_chain
 
 log = logging.getLogger(__name__)
@@ -263,14 +264,20 @@ def _restart_ranks(
         except CkptdError as e:
             raise CkptdError(e.code, f"rank {r.rank} on {r.node}: {e.message}") from None
 
-    def release(r: RankRecord, method: str) -> pb.Empty:
-        stub = nodes.live_stub(r.node, record.name)
-        req = pb.ResumeRequest(job=agent_job_name(record.name, r.rank))
-        return call(getattr(stub, method), req, 60, f"agent on {r.node}")
+    def release(rs: list[RankRecord], step: str) -> None:
+        """step resume (run) or abort (end) on held ranks, one request per node (steps.on_nodes)."""
+        calls = [
+            (r.node, nodes.live_stub(r.node, record.name), pb.ResumeRequest(job=agent_job_name(record.name, r.rank)))
+            for r in rs
+        ]
+        answers, _ = on_nodes(calls, step, 60)
+        for r, a in zip(rs, answers, strict=True):
+            if isinstance(a, CkptdError):
+                raise CkptdError(a.code, f"rank {r.rank} on {r.node}: {a.message}") from None
 
-    on_every_rank(ranks, restore, lambda r: release(r, "Abort"))
+    on_every_rank(ranks, restore, lambda r: release([r], "abort"))
     # every rank is rebuilt: links up and run, all together
-    each_rank(lambda r: release(r, "Resume"), ranks)
+    release(ranks, "resume")
     statuses = each_rank(lambda r: nodes.rank_status(agent_job_name(record.name, r.rank), r.node, r.status), ranks)
     for r, st in zip(ranks, statuses, strict=True):
         registry.update(record, st, r.node, r)

@@ -417,6 +417,21 @@ def phase_split(info: dict[str, Any]) -> dict[str, float]:
     }
 
 
+def daemons_cpu(nodes: Nodes | None) -> tuple[float, float]:
+    """CPU seconds (user and system, every thread) the namespace nodes'
+    coordinator and all their agents have used so far: what the protocol
+    costs in work, which the cores' load does not stretch as it does time."""
+    if nodes is None or nodes.coordinator is None:
+        return 0.0, 0.0
+
+    def cpu(pid: int) -> float:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+    return cpu(nodes.coordinator.pid), sum(cpu(a.pid) for a in nodes.cluster.agents.values())
+
+
 def bench_ranks(base: Path, nranks: int, mib: int, nodes: Nodes | None = None) -> dict[str, float]:
     """A job of nranks ranks of mib MiB each: checkpoint, pause, restart;
     with nodes, spread over its namespace nodes (one agent each)."""
@@ -441,7 +456,9 @@ def bench_ranks(base: Path, nranks: int, mib: int, nodes: Nodes | None = None) -
         return max(float(wait_line(log, "max_gap_s", after=n).split()[1]) for log, n in zip(logs, counts, strict=True))
 
     gaps()  # reset the counters
+    cpu0 = daemons_cpu(nodes)
     info = c.json("ckptctl", "checkpoint", job)
+    cpu1 = daemons_cpu(nodes)
     paused = gaps()
     split = phase_split(info)
     row = kill_and_restart(c, job, info, gaps)  # every rank alive and talking after the restart
@@ -449,6 +466,7 @@ def bench_ranks(base: Path, nranks: int, mib: int, nodes: Nodes | None = None) -
     return {
         "mib": mib, "procs": nranks, "ranks": nranks, "nodes": len(nodes.names) if nodes else 1,
         "raw_write": w, "raw_read": r, "raw_fresh": fresh, "paused_s": paused, **row, **split,
+        "coordinator_cpu_s": cpu1[0] - cpu0[0], "agents_cpu_s": cpu1[1] - cpu0[1],
     }  # fmt: skip
 
 
@@ -459,7 +477,8 @@ def ranks_table(rows: list[dict[str, Any]]) -> str:
         "| of it: prepare / drain / dump / resume | issuing requests s | worst round trip less own s "
         "| ranks' own s (slowest, per phase) "
         "| of it: prepare / drain / dump / resume | stall s | paused s (from inside) "
-        "| finalize s | commit s | checkpoint s | restart s (command; ckptd's own) |\n" + "|---:" * 15 + "|\n"
+        "| finalize s | commit s | checkpoint s | CPU s of the round: coordinator / agents "
+        "| restart s (command; ckptd's own) |\n" + "|---:" * 16 + "|\n"
     )
     body = ""
     for r in rows:
@@ -478,6 +497,7 @@ def ranks_table(rows: list[dict[str, Any]]) -> str:
             f"{r['finalize_s']:.3f}",
             f"{r['commit_s']:.3f}",
             f"{r['ckpt_s']:.2f}",
+            f"{r['coordinator_cpu_s']:.2f} / {r['agents_cpu_s']:.2f}",
             f"{r['restart_s']:.2f}; {r['restart_own_s']:.2f}",
         ]
         body += "| " + " | ".join(cells) + " |\n"

@@ -256,7 +256,6 @@ def test_agents_obey_only_the_coordinator(tls: TlsCluster) -> None:
                     steps=[pb.RankStep(prepare=pb.PrepareRequest(job="mine", checkpoint_id=9, dir=str(tls.tmp)))]
                 ),
             ),
-            (agent.Resume, pb.ResumeRequest(job="mine")),
             (agent.ListJobs, pb.Empty()),
         ]
         if who != "root":  # the owner (and an admin) may follow and signal their job where it runs

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ckptd.coordinator.barrier import step_answer
+from ckptd.coordinator.steps import step_answer
 from conftest import PYTHON, Ckptd
 
 from ckptd.errors import CkptdError, Code

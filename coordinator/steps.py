@@ -1,0 +1,97 @@
+"""One step on many targets, one request per node (Agent.Steps).
+
+A checkpoint round's phases (coordinator/barrier.py) and a restart's release
+of its held ranks (coordinator/restart.py) go to the agents as one
+StepsRequest per node, holding a RankStep for each of the node's targets:
+the requests grow with the nodes, not the ranks.  Every node's request is in
+flight at once (rpc.call_many); the agent runs its steps side by side and
+answers each in order, with its reply or its error (agent/server.py Steps).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ckptd.errors import CkptdError, Code
+from ckptd.rpc import AgentStub, call_many
+from ckptd.v1 import ckptd_pb2 as pb
+
+
+@dataclass
+class Sent:
+    """Where a step's requests spent the time the agents did not (Phase)."""
+
+    requests: int = 0  # one per node
+    issue_s: float = 0.0  # putting every node's request in flight (the coordinator's serial part)
+    wire_s: float = 0.0  # the worst round trip less its slowest step's own time (transport, an agent's queue)
+
+
+def on_nodes(
+    calls: Sequence[tuple[str, AgentStub, Any]],
+    step: str,
+    timeout: float,
+    stopped: Callable[[str], str | None] | None = None,
+) -> tuple[list[Any], Sent]:
+    """calls: (node, its agent's stub, the step's request) per target; step:
+    RankStep's field.  Each target's reply, or the CkptdError it failed
+    with, in the order given.  stopped(node), as for call_many: why a node
+    that has not answered must not be waited for any longer, or None."""
+    by_node: dict[str, list[int]] = {}
+    for i, (node, _, _) in enumerate(calls):
+        by_node.setdefault(node, []).append(i)
+    nodes = list(by_node)
+    start, times = time.monotonic(), list[tuple[float, float]]()
+    replies = call_many(
+        [
+            (
+                calls[by_node[node][0]][1],
+                "Steps",
+                pb.StepsRequest(steps=[pb.RankStep(**{step: calls[i][2]}) for i in by_node[node]]),
+                timeout,
+                f"agent on {node}",
+            )
+            for node in nodes
+        ],
+        (lambda k: stopped(nodes[k])) if stopped else None,
+        times,
+    )
+    answers: list[Any] = [None] * len(calls)
+    sent = Sent(requests=len(nodes), issue_s=max((s for s, _ in times), default=start) - start)
+    for node, reply, (out, back) in zip(nodes, replies, times, strict=True):
+        indices = by_node[node]
+        failed = reply if isinstance(reply, CkptdError) else None
+        if failed is None and len(reply.replies) != len(indices):
+            failed = CkptdError(
+                Code.INTERNAL,
+                f"agent on {node} answered {len(reply.replies)} of {len(indices)} steps: it runs another "
+                "version of ckptd than the coordinator; run one version on every node",
+            )
+        if failed is not None:
+            for i in indices:
+                answers[i] = failed
+            continue
+        own = 0.0
+        for i, r in zip(indices, reply.replies, strict=True):
+            answers[i] = step_answer(r, step, node)
+            if not isinstance(answers[i], CkptdError):
+                own = max(own, float(getattr(answers[i], "local_s", 0.0)))
+        sent.wire_s = max(sent.wire_s, back - out - own)
+    return answers, sent
+
+
+def step_answer(reply: pb.StepReply, step: str, node: str) -> Any:
+    """A step's reply (StepReply's field step), or the CkptdError it failed with."""
+    kind = reply.WhichOneof("reply")
+    if kind == "error":
+        e = reply.error
+        return CkptdError(Code.__members__.get(e.code, Code.INTERNAL), e.message, transient=e.transient)
+    if kind != step:
+        return CkptdError(
+            Code.INTERNAL,
+            f"agent on {node} answered {step} with {kind or 'nothing'}: it runs another version of ckptd than "
+            "the coordinator; run one version on every node",
+        )
+    return getattr(reply, kind)
