@@ -136,38 +136,50 @@ class ProcEntry:
 
 
 class ProcTable:
-    """Every process of the machine by parent, from one pass over
-    /proc/*/stat.  Finding a job's processes means reading every process's
-    stat (the kernel lists children only with CONFIG_PROC_CHILDREN, which
-    this one may lack), and a round asks for them several times per job: with
-    many jobs (ranks) on a node, one pass per question made each rank's
-    pause grow with the number of processes on the node.  One pass now
-    answers every question asked before it began (single flight): callers
-    that queue behind a pass take the next one together.  Never stale: a
-    caller gets a pass that began after it asked."""
+    """A job's processes by parent, from one pass over /proc.  Finding a
+    job's processes means reading every candidate's stat (the kernel lists
+    children only with CONFIG_PROC_CHILDREN, which this one may lack), and a
+    round asks for them several times per job.  Two things keep that from
+    growing with what else the node runs:
+
+    - a pass for a job (its pid namespace, job_pid_ns) reads the stat of
+      the processes in that namespace or one nested in it, the only places
+      a descendant of its ckptd-init can be; every other process costs one
+      readlink of its ns/pid (a few µs against 28 for a stat: a node's kernel
+      threads, daemons and other ranks are passed over; at 32 ranks over 16
+      namespace nodes the agents' scans were most of the pause's CPU,
+      BENCHMARKS.md);
+    - one pass answers every question about that namespace asked before it
+      began (single flight): callers that queue behind a pass take the next
+      one together.  Never stale: a caller gets a pass that began after it
+      asked."""
+
+    KEEP_S = 60.0  # a namespace's last pass is forgotten once this old (its job ended)
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._began = -1.0
-        self._children: dict[int, list[ProcEntry]] = {}
+        self._passes: dict[str | None, tuple[float, dict[int, list[ProcEntry]]]] = {}
 
-    def children(self) -> dict[int, list[ProcEntry]]:
+    def children(self, ns: str | None = None) -> dict[int, list[ProcEntry]]:
+        """ns: a pid namespace's ns/pid link (job_pid_ns); None: every process."""
         asked = time.monotonic()
         with self._lock:
-            if self._began < asked:
-                self._began = time.monotonic()
-                self._children = _scan_proc()
-            return self._children
+            began, table = self._passes.get(ns, (-1.0, {}))
+            if began < asked:
+                began = time.monotonic()
+                table = _scan_proc(ns)
+                self._passes = {k: v for k, v in self._passes.items() if v[0] > began - self.KEEP_S}
+                self._passes[ns] = (began, table)
+            return table
 
-    def descendants(self, pid: int, *, fresh: bool = True) -> list[ProcEntry]:
-        """pid's children, theirs, and so on (breadth first).  fresh=False:
-        from the newest pass already made, for a tree that cannot have changed
-        since the caller's last fresh look (every process of it parked)."""
-        if fresh or self._began < 0:
-            children = self.children()
-        else:
-            with self._lock:
-                children = self._children
+    def descendants(self, pid: int, *, fresh: bool = True, ns: str | None = None) -> list[ProcEntry]:
+        """pid's children, theirs, and so on (breadth first), found in ns.
+        fresh=False: from the newest pass already made, for a tree that
+        cannot have changed since the caller's last fresh look (every process
+        of it parked)."""
+        with self._lock:
+            made = self._passes.get(ns)
+        children = self.children(ns) if fresh or made is None else made[1]
         out, todo = [], [pid]
         while todo:
             for c in children.get(todo.pop(), ()):
@@ -176,15 +188,66 @@ class ProcTable:
         return out
 
 
-def _scan_proc() -> dict[int, list[ProcEntry]]:
+def job_pid_ns(init_pid: int) -> str | None:
+    """The pid namespace ckptd-init (its relay) made for the job's processes,
+    as its ns/pid_for_children link reads ("pid:[N]"); None if unreadable."""
+    try:
+        return os.readlink(f"/proc/{init_pid}/ns/pid_for_children")
+    except OSError:
+        return None
+
+
+NS_GET_PARENT = 0xB702  # _IO(0xb7, 0x2), linux/nsfs.h
+
+
+def _nested_in(proc: int, name: str, ns: str) -> bool:
+    """Whether process name's pid namespace lies inside ns (a job that made
+    a namespace of its own: its processes there are still the job's)."""
+    import fcntl
+
+    try:
+        fd = os.open(f"{name}/ns/pid", os.O_RDONLY, dir_fd=proc)
+    except (FileNotFoundError, ProcessLookupError):  # exited meanwhile
+        return False
+    except OSError:  # cannot tell: its stat is read, as any process's once was
+        return True
+    try:
+        while True:
+            try:
+                parent = fcntl.ioctl(fd, NS_GET_PARENT)
+            except OSError:  # the top, or a parent outside this process's view
+                return False
+            os.close(fd)
+            fd = parent
+            if f"pid:[{os.fstat(fd).st_ino}]" == ns:
+                return True
+    finally:
+        os.close(fd)
+
+
+def _scan_proc(ns: str | None = None) -> dict[int, list[ProcEntry]]:
     # os.open/os.read relative to /proc, not open(): the Python file object
     # cost a third of a scan (9 µs a process is the kernel's own part here)
     children: dict[int, list[ProcEntry]] = {}
+    inside: dict[str, bool] = {} if ns is None else {ns: True}  # by ns/pid link, for this pass
     proc = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY)
     try:
         for name in os.listdir(proc):
             if not name.isdigit():
                 continue
+            if ns is not None:
+                try:
+                    link = os.readlink(f"{name}/ns/pid", dir_fd=proc)
+                except (FileNotFoundError, ProcessLookupError):  # exited meanwhile
+                    continue
+                except OSError:  # not ours to look into (an agent not run as root): its stat tells
+                    link = ""
+                if link:
+                    known = inside.get(link)
+                    if known is None:
+                        known = inside[link] = _nested_in(proc, name, ns)
+                    if not known:
+                        continue
             try:
                 fd = os.open(f"{name}/stat", os.O_RDONLY, dir_fd=proc)
             except OSError:  # exited meanwhile
@@ -284,7 +347,7 @@ class JobRuntime:
         init = self._init_process()
         if not init:
             return []
-        under = PROCS.descendants(init.pid, fresh=fresh)
+        under = PROCS.descendants(init.pid, fresh=fresh, ns=job_pid_ns(init.pid))
         reapers = {c.pid for c in under if c.ppid == init.pid}
         return [c for c in under if c.pid not in reapers and c.comm != WRITER_COMM]
 

@@ -5,13 +5,17 @@ flight), and the final output byte for byte an uninterrupted run's."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
 
+import pytest
 from conftest import CKPTCTL, PYTHON, WORKLOADS, Ckptd, kill_restart_twice, run_plain
 
 MARKS = (50, 150, 250, 350, 500)  # progress at which to checkpoint (3x), kill, kill again
@@ -246,3 +250,39 @@ def test_restart_of_a_process_parked_inside_fork(ckptd: Ckptd) -> None:
     assert ckptd.wait("forks") == 0
     # each round's 30 children exit with i % 7: 85 a round
     assert ckptd.log("forks", "stdout").splitlines() == [f"round {r} total {85 * (r + 1)}" for r in range(rounds)]
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="pid namespaces: root and unshare")
+def test_a_jobs_processes_are_found_in_its_namespace_and_the_ones_nested_in_it() -> None:
+    """The agent reads the stat of the processes in a job's pid namespace
+    (agent/runtime.py ProcTable), and of those in a namespace nested in it:
+    it finds what a pass over every process finds, down to a process two
+    namespaces deep, and nothing of another namespace."""
+    from ckptd.agent.runtime import ProcTable, job_pid_ns
+
+    # like ckptd-init: a relay in this namespace, its child pid 1 of a new one; and one nested deeper
+    job = subprocess.Popen(["unshare", "--pid", "--fork", "--", "unshare", "--pid", "--fork", "sleep", "60"])
+    other = subprocess.Popen(["unshare", "--pid", "--fork", "sleep", "60"])
+    try:
+        deadline = time.monotonic() + 10
+        table = ProcTable()
+        while len(table.descendants(job.pid)) < 2 or not table.descendants(other.pid):
+            assert time.monotonic() < deadline, "the unshare processes never started"
+            time.sleep(0.05)
+        ns = job_pid_ns(job.pid)
+        assert ns and ns.startswith("pid:[") and ns != job_pid_ns(os.getpid()), ns
+        every = [(e.pid, e.ppid, e.comm) for e in table.descendants(job.pid)]
+        assert [comm for _, _, comm in every] == ["unshare", "sleep"], every
+        assert [(e.pid, e.ppid, e.comm) for e in table.descendants(job.pid, ns=ns)] == every
+        assert [(e.pid, e.ppid, e.comm) for e in table.descendants(job.pid, ns=ns, fresh=False)] == every
+        theirs = {e.pid for e in table.descendants(other.pid)}
+        read = {e.pid for entries in table.children(ns).values() for e in entries}
+        assert theirs and not theirs & read, (theirs, read)  # another job's: passed over
+        assert os.getpid() not in read  # nor this namespace's
+    finally:
+        for p in (job, other):
+            for e in ProcTable().descendants(p.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(e.pid, signal.SIGKILL)
+            p.kill()
+            p.wait()
