@@ -162,7 +162,7 @@ class Phase:
     they add up to timings.total_s; prepare to resume is the stall."""
 
     name: str
-    rpc_s: float  # at the coordinator: the whole phase, every rank's RPC in it
+    rpc_s: float  # at the coordinator: the whole phase, every node's request in it
     local_s: float  # inside the agents: the slowest rank's own time in it (0: no rank takes part)
     # the rest, rpc_s less local_s, is the protocol's own cost; where it goes:
     issue_s: float = 0.0  # putting every rank's request in flight (the coordinator's serial part)
