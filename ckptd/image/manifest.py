@@ -165,8 +165,8 @@ class Phase:
     rpc_s: float  # at the coordinator: the whole phase, every node's request in it
     local_s: float  # inside the agents: the slowest rank's own time in it (0: no rank takes part)
     # the rest, rpc_s less local_s, is the protocol's own cost; where it goes:
-    issue_s: float = 0.0  # putting every rank's request in flight (the coordinator's serial part)
-    wire_s: float = 0.0  # the worst rank's round trip less its own time (transport, an agent's queue)
+    issue_s: float = 0.0  # putting every request in flight (the coordinator's serial part)
+    wire_s: float = 0.0  # the worst round trip less its slowest rank's own time (transport, an agent's queue)
     requests: int = 0  # sent in the phase: one per node (Agent.Steps), not one per rank
 
 
