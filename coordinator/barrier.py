@@ -424,11 +424,15 @@ class CheckpointRound:
         return job
 
     def _abort(self, parked: dict[Target, AgentStub], ckpt_id: int) -> None:
-        # every rank at once; a failure is the agent's to log (its coordinator-gone watch releases it)
-        try:
-            self._on_all(parked, "abort", lambda t: pb.ResumeRequest(job=t.name, checkpoint_id=ckpt_id), 60)
-        except CkptdError as e:
-            log.info("job %s: abort of checkpoint %d: %s", self.record.name, ckpt_id, e.message)
+        # every rank at once, and each node waited for (up to 60 s) even if its
+        # heartbeats stopped: an agent that was stopped and goes on must find
+        # its ranks released.  A failure is the agent's to log (its
+        # coordinator-gone watch releases them)
+        calls = [(t.node, stub, pb.ResumeRequest(job=t.name, checkpoint_id=ckpt_id)) for t, stub in parked.items()]
+        answers, _ = on_nodes(calls, "abort", 60)
+        for t, a in zip(parked, answers, strict=True):
+            if isinstance(a, CkptdError):
+                log.info("job %s: abort of checkpoint %d on %s: %s", self.record.name, ckpt_id, t.label, a.message)
 
     def _stop(self, stubs: dict[Target, AgentStub], name: str) -> None:
         reason = f"stopped after its final checkpoint {name}; `ckptctl restart {self.record.name}` resumes it"
