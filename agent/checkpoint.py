@@ -67,6 +67,10 @@ MAX_QUIESCE_PASSES = 20
 PREMAP_TIMEOUT_S = 2.0  # reading smaps early; skipped past this
 SETTLE_MS = 500  # how long unsent TCP bytes may take to leave (a delayed ACK is up to 200 ms)
 DUMP_PARALLEL = 8
+# FLUSH is what lets a process's writer start (native/shim/writeout.c: each
+# waits at its gate until then), so every process of the node is sent its
+# FLUSH at once, up to this many; beyond, a writer starts as an earlier ends
+FLUSH_PARALLEL = 64
 # how a process's pages reached pages.img (DUMPED capture=, native/shim/writeout.c)
 CAPTURE_MODES = {0: "pause", 1: "writer", 2: "staged"}
 
@@ -588,7 +592,8 @@ class Checkpointer:
 
     def _wait_for_pages(self, job: JobRuntime, d: Path, dumps: list[pb.ProcessDump]) -> None:
         """Each process forked a writer for its pages at the end of its dump
-        (native/shim/writeout.c): wait until every pages.img is complete.
+        (native/shim/writeout.c), which starts on FLUSH, now that every rank
+        of the round runs again: wait until every pages.img is complete.
         A process that exited meanwhile leaves its writer running on; its
         lock on pages.img.part says when it is done."""
         conns = {c.host_pid: c for c in self._writing.pop(job.name, [])}
@@ -637,7 +642,7 @@ class Checkpointer:
         try:
             with (
                 self.transfers.running(job.name, writing),
-                ThreadPoolExecutor(max_workers=max(1, min(len(dumps), DUMP_PARALLEL))) as pool,
+                ThreadPoolExecutor(max_workers=max(1, min(len(dumps), FLUSH_PARALLEL))) as pool,
             ):
                 futures = [pool.submit(one, pd) for pd in dumps]
                 errors = [e for f in futures if (e := f.exception()) is not None]

@@ -29,16 +29,22 @@ def expected(steps: int, mib: int) -> str:
     return "\n".join([*lines, f"done {steps * (mib << 17)}"]) + "\n"
 
 
-def writers(c: Ckptd) -> list[psutil.Process]:
-    """This installation's page writers still running (not the exited ones not yet reaped).
+def writers(c: Ckptd, exited: bool = False) -> list[psutil.Process]:
+    """This installation's page writers still running (and, with exited, those that exited but are not yet reaped).
 
     Only this test's: the suite runs tests side by side, and another test's writer is not ours to kill.
     """
     out = []
     for p in psutil.process_iter(["name", "status", "environ"]):
         env = p.info["environ"] or {}
+        # a zombie's environment cannot be read: its parent's can
+        if p.info["status"] == psutil.STATUS_ZOMBIE:
+            if not exited:
+                continue
+            with contextlib.suppress(psutil.Error):
+                env = p.parent().environ() if p.parent() else {}
         ours = str(c.home) in (env.get("CKPTD_HOME", ""), env.get("CKPTD_SHIM_SOCKET", ""))
-        if p.info["name"] == "ckptd-writer" and p.info["status"] != psutil.STATUS_ZOMBIE and ours:
+        if p.info["name"] == "ckptd-writer" and ours:
             out.append(p)
     return out
 
@@ -64,6 +70,70 @@ def test_image_is_one_instant_while_the_job_rewrites_its_memory(ckptd: Ckptd, ca
     c.ctl("restart", "snap")
     assert c.wait("snap") == 0
     assert c.log("snap", "stdout") == expected(steps, mib)
+
+
+@pytest.mark.parametrize("phase", ["dump", "resume"])
+def test_the_writer_writes_nothing_until_the_round_has_resumed(ckptd: Ckptd, tmp_path: Path, phase: str) -> None:
+    """The daemon is stopped at the end of the dump (the job parked) or of
+    the resume (the job running, finalize not begun): the process's writer
+    has forked but written nothing. On a node with more ranks than cores,
+    a writer that started there would take a core from the ranks still
+    dumping or resuming, and lengthen every rank's pause. Once the daemon
+    goes on, finalize lets the writer write, the checkpoint commits, and
+    the job restarts from it to the plain output."""
+    c = ckptd
+    fault = tmp_path / "fault"
+    c.env["CKPTD_FAULT"] = f"@{fault}"  # read by the daemon, which the first command starts
+    steps, mib = 60, 64
+    c.launch("gate", snapshot(steps, mib, 0.02))
+    c.wait_log("gate", r"^step 3 ")
+    log = c.log_file("gate")  # read directly: no command is answered while the daemon is stopped
+    (daemon,) = c.daemon_pids()
+    fault.write_text(f"daemon:{phase}:STOP")
+    p = subprocess.Popen([CKPTCTL, "checkpoint", "gate", "--json"], env=c.env, stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while fault.exists() or psutil.Process(daemon).status() != psutil.STATUS_STOPPED:
+            assert time.monotonic() < deadline and p.poll() is None, f"the daemon never stopped after the {phase}"
+            time.sleep(0.05)
+        (writer,) = writers(c, exited=True)
+        assert writer.status() != psutil.STATUS_ZOMBIE, f"the writer finished before the daemon went on ({phase})"
+        log_before = log.read_bytes()
+        time.sleep(1.0)  # a 64 MiB image takes a small part of that to write
+        with open(f"/proc/{writer.pid}/io") as f:
+            wchar = int(next(line for line in f if line.startswith("wchar:")).split()[1])
+        assert wchar == 0, f"the writer wrote {wchar} bytes before finalize ({phase})"
+        if phase == "dump":
+            assert log.read_bytes() == log_before  # the job is parked
+        else:
+            assert log.read_bytes() != log_before  # the job runs: only its writer waits
+    finally:
+        os.kill(daemon, signal.SIGCONT)
+    out, _ = p.communicate(timeout=120)
+    assert p.returncode == 0
+    info = json.loads(out)
+    assert not writers(c)  # it wrote, and FLUSH reaped it
+    c.kill9("gate")
+    c.ctl("restart", "gate", "--from", str(info["id"]))
+    assert c.wait("gate") == 0
+    assert c.log("gate", "stdout") == expected(steps, mib)
+
+
+def test_a_job_that_closed_its_stdin_checkpoints_and_restarts(ckptd: Ckptd) -> None:
+    """A job that closed descriptor 0 (as daemons do): the dump's own
+    descriptors then start at 0, and the writer, which keeps its files as
+    0, 1 and 2, must not close one while it moves another. The checkpoint
+    commits and restarts to the plain output."""
+    c = ckptd
+    steps, mib = 40, 32
+    closed = f"import os, runpy, sys; os.close(0); sys.argv = {snapshot(steps, mib)[1:]!r}; runpy.run_path(sys.argv[0])"
+    c.launch("nostdin", [PYTHON, "-c", closed])
+    c.wait_log("nostdin", r"^step 3 ")
+    info = c.checkpoint("nostdin")
+    c.kill9("nostdin")
+    c.ctl("restart", "nostdin", "--from", str(info["id"]))
+    assert c.wait("nostdin") == 0
+    assert c.log("nostdin", "stdout") == expected(steps, mib)
 
 
 def test_writer_killed_mid_write_costs_only_that_checkpoint(ckptd: Ckptd) -> None:

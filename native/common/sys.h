@@ -23,6 +23,7 @@
 #include <sys/resource.h>
 #include <time.h>
 #include <linux/futex.h>
+#include <poll.h>
 #include <linux/sched.h>
 
 #define CK_ALWAYS_INLINE static inline __attribute__((always_inline))
@@ -192,6 +193,11 @@ CK_ALWAYS_INLINE long ck_nanosleep_ms(long ms)
     return ck_sc2(SYS_nanosleep, &ts, 0);
 }
 CK_ALWAYS_INLINE long ck_sched_yield(void) { return ck_sc0(SYS_sched_yield); }
+CK_ALWAYS_INLINE long ck_poll_ms(struct pollfd *fds, unsigned n, long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    return ck_sc5(SYS_ppoll, fds, n, &ts, 0, 0);
+}
 CK_ALWAYS_INLINE long ck_getpriority(int which, int who) { return ck_sc2(SYS_getpriority, which, who); }
 CK_ALWAYS_INLINE long ck_setpriority(int which, int who, int prio) { return ck_sc3(SYS_setpriority, which, who, prio); }
 CK_ALWAYS_INLINE long ck_sched_getscheduler(int pid) { return ck_sc1(SYS_sched_getscheduler, pid); }

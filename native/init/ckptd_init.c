@@ -13,8 +13,8 @@
  *     job's stdout/stderr pipes and appends everything to the job's log
  *     (FILE) plus an index of (offset, length, stream) records, so readers
  *     can separate the streams again.  Answers DRAIN on the control socket
- *     during a checkpoint: empties the pipes, syncs the log and reports its
- *     size, which the checkpoint records.  Writes the job's exit status to
+ *     during a checkpoint: empties the pipes and reports the log's size,
+ *     which the checkpoint records.  Writes the job's exit status to
  *     the exit file when it ends.
  *   reaper (pid 1 of a fresh pid namespace, own mount namespace with its
  *     own /proc): reaps orphans; when the job's main process exits it
@@ -445,8 +445,9 @@ static void answer_control(struct relay *r, int client)
                 relay_pipe(r, i);
         if (r->cut_pending)
             cut_back(r);  /* the sizes below are the whole chunks': the files too, if the storage lets us */
-        fdatasync(r->log_fd);
-        fdatasync(r->index_fd);
+        /* no fsync here, in every rank's pause: the checkpoint keeps its
+         * own copy of both (finalize's copy_prefix, synced with its images),
+         * and a restart puts that copy back (agent/rollback.py put_back_log) */
         snprintf(reply, sizeof(reply), "OK log=%llu index=%llu stdout_ino=%llu stderr_ino=%llu\n",
                  (unsigned long long)r->log_size, (unsigned long long)r->index_size,
                  (unsigned long long)r->pipe_ino[0], (unsigned long long)r->pipe_ino[1]);

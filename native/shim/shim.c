@@ -15,8 +15,9 @@
  *                   (retry=1: a passing state, e.g. descriptors in flight; worth another round)
  *   agent -> shim   RESUME / ABORT        -> RESUMED  (ABORT also stops the writer)
  *   agent -> shim   FLUSH                 -> FLUSHED written=0|1 | ERROR msg=
- *                   (waits until the forked writer has finished pages.img, or
- *                   writes the pages the dump staged; writeout.c)
+ *                   (lets the forked writer start, once every rank of the
+ *                   round runs again, and waits until it has finished
+ *                   pages.img; or writes the pages the dump staged; writeout.c)
  *   agent -> shim   DISCARD               -> DISCARDED  (kills the writer, drops staged pages)
  *   agent -> shim   REBASE core= image=   -> REBASED | ERROR msg=
  *                   (the agent rewrote the last image, core.img at core=:
@@ -283,6 +284,7 @@ static void drop_connection(void)
      * nobody has said yet that it may run at all */
     if (ck_is_parked() && !ck_shim.unverified)
         ck_release();
+    ck_writeout_go();  /* no FLUSH will come: the image is written, as nobody waits for it */
     ck_term_decide(0);  /* a SIGTERM held for the agent is delivered: no one is left to decide */
 }
 

@@ -197,6 +197,8 @@ int ck_writeout_mode(void) CK_HIDDEN;  /* how the last ck_writeout_start did it 
 /* wait for the writer: 0 written, 1 none running, -1 failed (err filled);
  * key_hex: FLUSH's key=, which staged pages of an encrypted job need */
 int ck_writeout_flush(char *err, size_t errcap, char *key_hex) CK_HIDDEN;
+/* the writer, waiting at its gate since the dump, may start (writeout.c) */
+void ck_writeout_go(void) CK_HIDDEN;
 /* Encryption at rest: the key a command carries (64 hex digits, wiped in
  * place) expanded into the arena; NULL when hex is NULL or malformed
  * (*bad set).  ck_seal_begin makes every write to im->pages_fd go out

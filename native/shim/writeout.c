@@ -13,7 +13,14 @@
  *
  * The writer is a clone child with exit signal 0: the job's wait() never
  * sees it, and its exit sends no SIGCHLD.  It closes every descriptor but
- * the two it needs, so that it keeps none of the job's files open.  It holds
+ * the two it needs, so that it keeps none of the job's files open.  It
+ * waits at a gate, a pipe, until FLUSH, which the agent sends once every
+ * rank of the round runs again (or until ABORT, DISCARD, the agent's
+ * connection lost, the process's end, or GATE_MAX_MS).  On a node with
+ * fewer cores than ranks, writers that started as soon as their own
+ * process was dumped, or resumed, took the cores that the other ranks'
+ * dumps and resumes needed, and every rank's pause lasts until the last
+ * rank resumes (BENCHMARKS.md, "writers that wait for the round").  It holds
  * an flock on pages.img.part until it exits, so that the agent can wait for
  * it even after its parent is gone.  The checkpoint thread reaps it on FLUSH,
  * kills it on ABORT or DISCARD, and the shim's destructor waits for it when
@@ -58,6 +65,10 @@
 #define STAGE_INDEX (2u << 20)  /* the staging area's head: where each staged piece goes */
 
 static volatile int writer_pid;      /* 0: none */
+static int gate_fd = -1;             /* the write end of the writer's gate; -1: open */
+/* A gate nobody opens (a coordinator lost after RESUME) must not keep the
+ * writer's copy of the job's memory for ever: it opens by itself then */
+#define GATE_MAX_MS 60000
 
 /* pages staged for FLUSH: `len` bytes at `off` in pages.img, one after the
  * other in the staging area after its index */
@@ -787,14 +798,32 @@ static void writer_fault(const char *phase)
     ck_kill((int)ck_getpid(), signo);
 }
 
-__attribute__((noreturn)) static void writer_main(struct ck_image *im)
+/* Until the round's pause has ended on every rank (FLUSH): no writer takes
+ * a core from the other ranks' dumps and resumes meanwhile.  The gate opens
+ * when its last write end is closed (ck_writeout_go, or the process gone). */
+static void wait_at_gate(int fd)
+{
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    while (ck_poll_ms(&p, 1, GATE_MAX_MS) == -EINTR)
+        ;
+    ck_close(fd);
+}
+
+__attribute__((noreturn)) static void writer_main(struct ck_image *im, int gate)
 {
     ck_prctl(PR_SET_NAME, (unsigned long)"ckptd-writer", 0, 0, 0);
-    /* keep only pages.img.part (as 0) and the image directory (as 1) */
-    if (ck_dup3(im->pages_fd, 0, 0) < 0 || ck_dup3(im->dirfd, 1, 0) < 0)
+    /* keep only pages.img.part (as 0), the image directory (as 1) and the
+     * gate (as 2); above 2 first, so that none is closed by another's dup3
+     * (a job that closed its stdin has its dump's descriptors from 0 on) */
+    int pages = (int)ck_fcntl(im->pages_fd, F_DUPFD, 3), dir = (int)ck_fcntl(im->dirfd, F_DUPFD, 3);
+    int g = gate >= 0 ? (int)ck_fcntl(gate, F_DUPFD, 3) : -1;
+    if (pages < 0 || dir < 0 || (gate >= 0 && g < 0) || ck_dup3(pages, 0, 0) < 0 || ck_dup3(dir, 1, 0) < 0 ||
+        (g >= 0 && ck_dup3(g, 2, 0) < 0))
         ck_exit_group(EBADF);
-    ck_close_range(2, ~0u);
+    ck_close_range(g >= 0 ? 3 : 2, ~0u);  /* the gate's write end too: the shim's is the last */
     writer_fault("dump");
+    if (g >= 0)
+        wait_at_gate(2);
     struct ck_checksum sum;
     int hashing = ck_checksum_start(&sum), rc;
     if (im->key) {
@@ -1002,12 +1031,20 @@ int ck_writeout_start(struct ck_image *im, const char *dir)
         /* the writer needs the tables in the arena, which children
          * otherwise get wiped (arena.c) */
         long pid = -1;
+        int gate[2] = {-1, -1};
+        if (ck_pipe2(gate, O_CLOEXEC) < 0)
+            gate[0] = gate[1] = -1;  /* no descriptor left: the writer starts at once, as it may */
         if (ck_arena_inherit(1) == 0) {
             pid = ck_clone_quiet();
             if (pid == 0)
-                writer_main(im);
+                writer_main(im, gate[0]);
         }
         ck_arena_inherit(0);
+        if (gate[0] >= 0)
+            ck_close(gate[0]);
+        gate_fd = gate[1];
+        if (pid <= 0)
+            ck_writeout_go();
         if (pid > 0) {
             ck_strlcpy(writer_dir, dir, sizeof(writer_dir));
             writer_pid = (int)pid;
@@ -1063,6 +1100,13 @@ static int staged_image_done(char *err, size_t errcap)
     return -1;
 }
 
+void ck_writeout_go(void)
+{
+    int fd = __atomic_exchange_n(&gate_fd, -1, __ATOMIC_ACQ_REL);
+    if (fd >= 0)
+        ck_close(fd);
+}
+
 int ck_writeout_flush(char *err, size_t errcap, char *key_hex)
 {
     if (claim_staged()) {
@@ -1088,6 +1132,7 @@ int ck_writeout_flush(char *err, size_t errcap, char *key_hex)
     int pid = writer_pid;
     if (pid <= 0)
         return 1;  /* nothing being written */
+    ck_writeout_go();  /* every rank of the round runs again, or stays parked (--then-stop) */
     int status = 0;
     long r = reap(pid, &status);
     writer_pid = 0;
@@ -1115,6 +1160,7 @@ void ck_writeout_discard(void)
         return;
     int status;
     ck_kill(pid, SIGKILL);
+    ck_writeout_go();
     reap(pid, &status);
     writer_pid = 0;
 }
@@ -1129,6 +1175,7 @@ __attribute__((destructor)) static void wait_for_writer(void)
         drop_staged();
     }
     int pid = writer_pid, status;
+    ck_writeout_go();
     if (pid > 0)
         reap(pid, &status);
 }
