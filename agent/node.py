@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ckptd import faults, limits
 from ckptd.errors import CkptdError, Code
+from ckptd.image import core
 from ckptd.image.checksum import IdentityCache
 from ckptd.image.manifest import RankPart
 from ckptd.jobstate import LIVE, JobState
@@ -88,6 +89,7 @@ class AgentNode:
     # ---- lifecycle ----
 
     def start(self) -> None:
+        core.warm()  # not in a job's first pause
         self.home.agent_dir(self.node).mkdir(parents=True, exist_ok=True)
         self._readopt()
         with self.lock:

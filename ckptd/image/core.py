@@ -52,6 +52,20 @@ def _lib() -> Any:
     return ffi().dlopen(None)
 
 
+def warm() -> None:
+    """Parse the format's declarations, and the types reading a core.img
+    names, now: the first time costs one core 70-90 ms (cffi's C parser),
+    which an agent pays at its start rather than in a job's first pause
+    (the dump step reads every process's core.img while the job is parked:
+    agent/sysv_ipc.py check_sem_undo)."""
+    f = ffi()
+    _lib()
+    for ctype in ("struct ck_header", "struct ck_sem_undo", *(t for _, t in SECTIONS.values())):
+        f.sizeof(ctype)
+        f.typeof(f"{ctype} *")
+        f.typeof(f"{ctype}[]")
+
+
 def constant(name: str) -> int:
     return int(getattr(_lib(), name))
 
