@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import psutil
 from google.protobuf import json_format
@@ -139,8 +140,11 @@ class ProcTable:
     """A job's processes by parent, from one pass over /proc.  Finding a
     job's processes means reading every candidate's stat (the kernel lists
     children only with CONFIG_PROC_CHILDREN, which this one may lack), and a
-    round asks for them several times per job.  Two things keep that from
-    growing with what else the node runs:
+    round asks for them several times per job.  A job whose processes all
+    said HELLO is looked at through its own /proc instead
+    (JobRuntime._own_look); this pass finds the rest, and names a process
+    that escaped the shim.  Two things keep it from growing with what else
+    the node runs:
 
     - a pass for a job (its pid namespace, job_pid_ns) reads the stat of
       the processes in that namespace or one nested in it, the only places
@@ -172,14 +176,9 @@ class ProcTable:
                 self._passes[ns] = (began, table)
             return table
 
-    def descendants(self, pid: int, *, fresh: bool = True, ns: str | None = None) -> list[ProcEntry]:
-        """pid's children, theirs, and so on (breadth first), found in ns.
-        fresh=False: from the newest pass already made, for a tree that
-        cannot have changed since the caller's last fresh look (every process
-        of it parked)."""
-        with self._lock:
-            made = self._passes.get(ns)
-        children = self.children(ns) if fresh or made is None else made[1]
+    def descendants(self, pid: int, *, ns: str | None = None) -> list[ProcEntry]:
+        """pid's children, theirs, and so on (breadth first), found in ns."""
+        children = self.children(ns)
         out, todo = [], [pid]
         while todo:
             for c in children.get(todo.pop(), ()):
@@ -278,6 +277,34 @@ def _scan_proc(ns: str | None = None) -> dict[int, list[ProcEntry]]:
 PROCS = ProcTable()
 
 
+class _Stat(NamedTuple):
+    state: str
+    ppid: int
+    comm: str
+    start: int  # clock ticks since boot: with the pid, which process it is
+
+
+def _read_stat(proc: int | None, name: str) -> _Stat | None:
+    """NAME/stat under the /proc opened as proc (None: the agent's own);
+    None if the process is gone."""
+    try:
+        fd = os.open(f"{name}/stat" if proc is not None else f"/proc/{name}/stat", os.O_RDONLY, dir_fd=proc)
+    except OSError:
+        return None
+    try:
+        stat = os.read(fd, 4096)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    head, _, tail = stat.rpartition(b")")
+    f = tail.split()
+    if len(f) < 20:
+        return None
+    # after ")": state ppid pgrp session ... starttime is field 22 (index 19 here)
+    return _Stat(f[0].decode(), int(f[1]), head.partition(b"(")[2].decode(errors="replace"), int(f[19]))
+
+
 class JobRuntime:
     def __init__(
         self,
@@ -322,6 +349,11 @@ class JobRuntime:
         self._term_launchers = {True: 0, False: 0}
         self._term_passed_until = 0.0
         self._term_asked = -1
+        # the incarnation's reaper as (relay's pid, its pid, its start), for a
+        # look through the job's own /proc (_own_look); and the newest look
+        # at the job's processes, by when it began
+        self._reaper: tuple[int, int, int] | None = None
+        self._last_look: tuple[float, list[ProcEntry]] = (-1.0, [])
 
     # ---- process tree ----
 
@@ -343,13 +375,68 @@ class JobRuntime:
     def _job_processes(self, *, fresh: bool = True) -> list[ProcEntry]:
         """The job's processes, zombies included: ckptd-init's reaper excluded,
         and a shim's page writer (native/shim/writeout.c), a short-lived copy
-        of a job process, never part of the job itself.  fresh: ProcTable.descendants."""
+        of a job process, never part of the job itself.  fresh=False: the
+        newest look already made, for a tree that cannot have changed since
+        the caller's last fresh look (every process of it parked)."""
         init = self._init_process()
         if not init:
             return []
-        under = PROCS.descendants(init.pid, fresh=fresh, ns=job_pid_ns(init.pid))
-        reapers = {c.pid for c in under if c.ppid == init.pid}
-        return [c for c in under if c.pid not in reapers and c.comm != WRITER_COMM]
+        if not fresh and self._last_look[0] >= 0:
+            return self._last_look[1]
+        began = time.monotonic()
+        look = self._own_look(init.pid)
+        if look is None:
+            under = PROCS.descendants(init.pid, ns=job_pid_ns(init.pid))
+            reapers = [c.pid for c in under if c.ppid == init.pid]
+            look = [c for c in under if c.pid not in reapers and c.comm != WRITER_COMM]
+            if len(reapers) == 1 and (ticks := start_ticks(reapers[0])):
+                self._reaper = (init.pid, reapers[0], ticks)
+        with self.cond:
+            if began > self._last_look[0]:
+                self._last_look = (began, look)
+        return look
+
+    def _own_look(self, init_pid: int) -> list[ProcEntry] | None:
+        """The job's processes through its own /proc, the one ckptd-init's
+        reaper mounted for the job's pid namespace: a listing of the job's
+        few processes, not a pass over every process of the node (a rank's
+        pause makes two or three looks). Only when every process in it
+        (but the reaper and page writers) is one whose shim said HELLO,
+        under that pid, and started when that connection's process did;
+        None otherwise (a process without a shim, a zombie, one in a pid
+        namespace of its own: ProcTable's pass answers, and names them)."""
+        reaper = self._reaper
+        if reaper is None or reaper[0] != init_pid:
+            return None
+        try:
+            base = os.open(f"/proc/{reaper[1]}/root/proc", os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:
+            return None
+        try:
+            own = _read_stat(base, "1")  # the job's pid 1 is the reaper, if this is its /proc
+            if own is None or own.start != reaper[2]:
+                return None
+            with self.cond:
+                by_pid = {c.pid: c.host_pid for c in self.shims.values() if not c.closed.is_set()}
+            out = []
+            for name in os.listdir(base):
+                if not name.isdigit() or name == "1":
+                    continue
+                inside = _read_stat(base, name)
+                if inside is None:  # exited meanwhile
+                    continue
+                if inside.comm == WRITER_COMM:
+                    continue
+                host_pid = by_pid.get(int(name))
+                if inside.state == "Z" or host_pid is None:
+                    return None
+                host = _read_stat(None, str(host_pid))
+                if host is None or host.start != inside.start:  # not the process that said HELLO
+                    return None
+                out.append(ProcEntry(pid=host_pid, ppid=host.ppid, state=host.state, comm=host.comm))
+            return out
+        finally:
+            os.close(base)
 
     def init_pids(self) -> list[int]:
         """Host pids of the incarnation's ckptd-init: its relay, then its reaper."""

@@ -297,6 +297,45 @@ def test_process_that_escaped_the_shim(ckptd: Ckptd, tmp_path: Path) -> None:
     ckptd.ctl("kill", "esc")
 
 
+LATE_STATIC = """
+import os, subprocess, sys, time
+child = None
+for i in range(3000):
+    if child is None and os.path.exists(sys.argv[2]):
+        child = subprocess.Popen([sys.argv[1]])
+    print("tick", i, flush=True)
+    time.sleep(0.02)
+"""
+
+
+def test_a_process_that_escapes_the_shim_after_a_checkpoint_is_refused_by_name(ckptd: Ckptd, tmp_path: Path) -> None:
+    """The job checkpoints while all its processes are under the shim, so
+    that the agent's next looks go through the job's own /proc
+    (agent/runtime.py JobRuntime._own_look). Then it starts a static
+    program: the next checkpoint is refused, naming it, and the job runs
+    on, both processes."""
+    src = tmp_path / "static.c"
+    src.write_text(STATIC)
+    exe = tmp_path / "static"
+    subprocess.run(["gcc", "-static", "-O2", str(src), "-o", str(exe)], check=True)
+    script = tmp_path / "late.py"
+    script.write_text(LATE_STATIC)
+    go = tmp_path / "go"
+    ckptd.launch("late", [PYTHON, str(script), str(exe), str(go)])
+    ckptd.wait_log("late", r"^tick 3$")
+    first = ckptd.checkpoint("late")
+    second = ckptd.checkpoint("late")  # its looks at the job's processes are the fast ones now
+    go.touch()
+    ckptd.wait_log("late", r"^static 3$")
+    st = ckptd.status("late")
+    escaped = [p for p in st["processes"] if not p["under_shim"]]
+    assert len(st["pids"]) == 2 and len(escaped) == 1
+    assert_refused(ckptd, "late", f"pid {escaped[0]['pid']} in the job", str(exe), "not running under the ckptd shim")
+    assert [c["id"] for c in ckptd.ctl_json("list", "late")] == [first["id"], second["id"]]
+    assert len(ckptd.status("late")["pids"]) == 2  # the whole tree runs on
+    ckptd.ctl("kill", "late")
+
+
 FANOTIFY = """
 import ctypes, time
 assert ctypes.CDLL(None).fanotify_init(0, 0) >= 0
