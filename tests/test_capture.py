@@ -119,6 +119,61 @@ def test_the_writer_writes_nothing_until_the_round_has_resumed(ckptd: Ckptd, tmp
     assert c.log("gate", "stdout") == expected(steps, mib)
 
 
+FORK_LATER = """
+import os, sys, time
+forked = False
+for i in range(3000):
+    if not forked and os.path.exists(sys.argv[1]):
+        forked = True
+        if os.fork() == 0:
+            while True:
+                time.sleep(0.02)
+    print("step", i, flush=True)
+    time.sleep(0.02)
+"""
+
+
+def test_a_child_forked_before_finalize_holds_nothing_of_its_parents_writer(ckptd: Ckptd, tmp_path: Path) -> None:
+    """The job forks while its writer waits for finalize (the daemon
+    stopped at the end of the resume). The child does not keep the gate's
+    write end, which would hold the writer back until the child exits,
+    and it forgets its parent's writer (its next QUIESCE would kill that
+    pid). The checkpoint commits, and the next one saves both processes."""
+    c = ckptd
+    fault = tmp_path / "fault"
+    c.env["CKPTD_FAULT"] = f"@{fault}"
+    flag = tmp_path / "fork"
+    script = tmp_path / "fork_later.py"
+    script.write_text(FORK_LATER)
+    c.launch("fl", [PYTHON, str(script), str(flag)])
+    c.wait_log("fl", r"^step 3$")
+    (parent,) = (p["host_pid"] for p in c.status("fl")["processes"])
+    (daemon,) = c.daemon_pids()
+    fault.write_text("daemon:resume:STOP")
+    p = subprocess.Popen([CKPTCTL, "checkpoint", "fl", "--json"], env=c.env, stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while fault.exists() or psutil.Process(daemon).status() != psutil.STATUS_STOPPED:
+            assert time.monotonic() < deadline and p.poll() is None, "the daemon never stopped after the resume"
+            time.sleep(0.05)
+        (writer,) = writers(c, exited=True)
+        gate = os.readlink(f"/proc/{writer.pid}/fd/2")
+        assert gate.startswith("pipe:"), gate
+        flag.touch()
+        while not (forked := [k for k in psutil.Process(parent).children() if k.name() != "ckptd-writer"]):
+            assert time.monotonic() < deadline + 30, "the job did not fork"
+            time.sleep(0.05)
+        held = {os.readlink(f"/proc/{forked[0].pid}/fd/{fd}") for fd in os.listdir(f"/proc/{forked[0].pid}/fd")}
+        assert gate not in held
+    finally:
+        os.kill(daemon, signal.SIGCONT)
+    p.communicate(timeout=120)
+    assert p.returncode == 0
+    second = c.checkpoint("fl")
+    assert len(json.loads((Path(second["path"]) / "manifest.json").read_text())["processes"]) == 2
+    c.ctl("kill", "fl")
+
+
 def test_a_job_that_closed_its_stdin_checkpoints_and_restarts(ckptd: Ckptd) -> None:
     """A job that closed descriptor 0 (as daemons do): the dump's own
     descriptors then start at 0, and the writer, which keeps its files as

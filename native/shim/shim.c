@@ -552,6 +552,7 @@ static void after_fork_child(void)
     ck_quiesce_after_fork();
     ck_sigev_after_fork();
     ck_sem_undo_after_fork();  /* fork does not pass SEM_UNDO adjustments on */
+    ck_writeout_after_fork();
     /* the child shares the parent's socket: leave it to the parent */
     if (ck_shim.agent_fd >= 0)
         ck_close(ck_shim.agent_fd);

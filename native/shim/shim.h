@@ -199,6 +199,8 @@ int ck_writeout_mode(void) CK_HIDDEN;  /* how the last ck_writeout_start did it 
 int ck_writeout_flush(char *err, size_t errcap, char *key_hex) CK_HIDDEN;
 /* the writer, waiting at its gate since the dump, may start (writeout.c) */
 void ck_writeout_go(void) CK_HIDDEN;
+/* in a forked child: forget the parent's writer, gate and staged pages */
+void ck_writeout_after_fork(void) CK_HIDDEN;
 /* Encryption at rest: the key a command carries (64 hex digits, wiped in
  * place) expanded into the arena; NULL when hex is NULL or malformed
  * (*bad set).  ck_seal_begin makes every write to im->pages_fd go out

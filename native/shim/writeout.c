@@ -1100,6 +1100,19 @@ static int staged_image_done(char *err, size_t errcap)
     return -1;
 }
 
+/* In a child the job forked: its parent's writer, gate and staged pages
+ * are not its own.  Its copy of the gate's write end would keep the
+ * writer waiting (until the child exits or execs), and its next QUIESCE
+ * would kill the writer's pid, by then maybe another process's. */
+void ck_writeout_after_fork(void)
+{
+    writer_pid = 0;
+    if (gate_fd >= 0)
+        ck_close(gate_fd);
+    gate_fd = -1;
+    drop_staged();
+}
+
 void ck_writeout_go(void)
 {
     int fd = __atomic_exchange_n(&gate_fd, -1, __ATOMIC_ACQ_REL);
