@@ -91,11 +91,8 @@ def start_ticks(pid: int) -> int:
     """When a process started, in clock ticks since boot (field 22 of
     /proc/PID/stat): unlike psutil's create_time, which adds it to a boot
     time computed from the wall clock, setting the clock does not move it."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return int(stat.rsplit(")", 1)[1].split()[19])
-    except (OSError, ValueError, IndexError):
-        return 0
+    st = _read_stat(None, str(pid))
+    return st.start if st else 0
 
 
 def spec_to_json(spec: pb.JobSpec) -> str:
@@ -224,6 +221,34 @@ def _nested_in(proc: int, name: str, ns: str) -> bool:
         os.close(fd)
 
 
+class _Stat(NamedTuple):
+    state: str
+    ppid: int
+    comm: str
+    start: int  # clock ticks since boot: with the pid, which process it is
+
+
+def _read_stat(proc: int | None, name: str) -> _Stat | None:
+    """NAME/stat under the /proc opened as proc (None: the agent's own);
+    None if the process is gone."""
+    try:
+        fd = os.open(f"{name}/stat" if proc is not None else f"/proc/{name}/stat", os.O_RDONLY, dir_fd=proc)
+    except OSError:
+        return None
+    try:
+        stat = os.read(fd, 4096)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    head, _, tail = stat.rpartition(b")")
+    f = tail.split(None, 20)  # "pid (comm) state ppid ...": comm may hold spaces and parentheses
+    if len(f) < 20:
+        return None
+    # after ")": state ppid pgrp session ... starttime is field 22 (index 19 here)
+    return _Stat(f[0].decode(), int(f[1]), head.partition(b"(")[2].decode(errors="replace"), int(f[19]))
+
+
 def _scan_proc(ns: str | None = None) -> dict[int, list[ProcEntry]]:
     # os.open/os.read relative to /proc, not open(): the Python file object
     # cost a third of a scan (9 µs a process is the kernel's own part here)
@@ -247,62 +272,18 @@ def _scan_proc(ns: str | None = None) -> dict[int, list[ProcEntry]]:
                         known = inside[link] = _nested_in(proc, name, ns)
                     if not known:
                         continue
-            try:
-                fd = os.open(f"{name}/stat", os.O_RDONLY, dir_fd=proc)
-            except OSError:  # exited meanwhile
+            st = _read_stat(proc, name)
+            if st is None:  # exited meanwhile
                 continue
-            try:
-                stat = os.read(fd, 4096)
-            except OSError:
-                continue
-            finally:
-                os.close(fd)
-            # "pid (comm) state ppid ...": comm may hold spaces and parentheses
-            head, _, tail = stat.rpartition(b")")
-            fields = tail.split(None, 2)
-            if len(fields) < 2:
-                continue
-            entry = ProcEntry(
-                pid=int(name),
-                ppid=int(fields[1]),
-                state=fields[0].decode(),
-                comm=head.partition(b"(")[2].decode(errors="replace"),
+            children.setdefault(st.ppid, []).append(
+                ProcEntry(pid=int(name), ppid=st.ppid, state=st.state, comm=st.comm)
             )
-            children.setdefault(entry.ppid, []).append(entry)
     finally:
         os.close(proc)
     return children
 
 
 PROCS = ProcTable()
-
-
-class _Stat(NamedTuple):
-    state: str
-    ppid: int
-    comm: str
-    start: int  # clock ticks since boot: with the pid, which process it is
-
-
-def _read_stat(proc: int | None, name: str) -> _Stat | None:
-    """NAME/stat under the /proc opened as proc (None: the agent's own);
-    None if the process is gone."""
-    try:
-        fd = os.open(f"{name}/stat" if proc is not None else f"/proc/{name}/stat", os.O_RDONLY, dir_fd=proc)
-    except OSError:
-        return None
-    try:
-        stat = os.read(fd, 4096)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    head, _, tail = stat.rpartition(b")")
-    f = tail.split()
-    if len(f) < 20:
-        return None
-    # after ")": state ppid pgrp session ... starttime is field 22 (index 19 here)
-    return _Stat(f[0].decode(), int(f[1]), head.partition(b"(")[2].decode(errors="replace"), int(f[19]))
 
 
 class JobRuntime:

@@ -282,11 +282,17 @@ int main(void) { for (int i = 0; i < 600; i++) { printf("static %d\n", i); fflus
 """
 
 
-def test_process_that_escaped_the_shim(ckptd: Ckptd, tmp_path: Path) -> None:
+def static_program(tmp_path: Path) -> Path:
+    """STATIC built as a static ELF: a program the shim cannot be preloaded into."""
     src = tmp_path / "static.c"
     src.write_text(STATIC)
     exe = tmp_path / "static"
     subprocess.run(["gcc", "-static", "-O2", str(src), "-o", str(exe)], check=True)
+    return exe
+
+
+def test_process_that_escaped_the_shim(ckptd: Ckptd, tmp_path: Path) -> None:
+    exe = static_program(tmp_path)
     # exec'd by the job (a static program launched directly is refused at
     # launch: test_day_two.test_static_program_refused_at_launch)
     ckptd.launch("esc", ["sh", "-c", f"exec {exe}"])
@@ -314,10 +320,7 @@ def test_a_process_that_escapes_the_shim_after_a_checkpoint_is_refused_by_name(c
     (agent/runtime.py JobRuntime._own_look). Then it starts a static
     program: the next checkpoint is refused, naming it, and the job runs
     on, both processes."""
-    src = tmp_path / "static.c"
-    src.write_text(STATIC)
-    exe = tmp_path / "static"
-    subprocess.run(["gcc", "-static", "-O2", str(src), "-o", str(exe)], check=True)
+    exe = static_program(tmp_path)
     script = tmp_path / "late.py"
     script.write_text(LATE_STATIC)
     go = tmp_path / "go"
@@ -478,10 +481,7 @@ child.kill()
 def test_process_in_tree_that_escaped_the_shim(ckptd: Ckptd, tmp_path: Path) -> None:
     """One process of a tree cannot be checkpointed: the refusal names it
     (its pid in the job and its program), and the whole tree runs on."""
-    src = tmp_path / "static.c"
-    src.write_text(STATIC)
-    exe = tmp_path / "static"
-    subprocess.run(["gcc", "-static", "-O2", str(src), "-o", str(exe)], check=True)
+    exe = static_program(tmp_path)
     script = tmp_path / "tree.py"
     script.write_text(TREE_WITH_STATIC)
     ckptd.launch("tree", [PYTHON, str(script), str(exe)])
