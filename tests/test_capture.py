@@ -72,6 +72,24 @@ def test_image_is_one_instant_while_the_job_rewrites_its_memory(ckptd: Ckptd, ca
     assert c.log("snap", "stdout") == expected(steps, mib)
 
 
+def checkpoint_stopped_at(c: Ckptd, fault: Path, job: str, phase: str) -> tuple[subprocess.Popen[str], int]:
+    """`ckptctl checkpoint JOB --json` started, and the daemon stopped (SIGSTOP, at
+    its fault point) at the end of PHASE: the command and the daemon's pid,
+    whom the caller continues."""
+    (daemon,) = c.daemon_pids()
+    fault.write_text(f"daemon:{phase}:STOP")
+    p = subprocess.Popen([CKPTCTL, "checkpoint", job, "--json"], env=c.env, stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while fault.exists() or psutil.Process(daemon).status() != psutil.STATUS_STOPPED:
+            assert time.monotonic() < deadline and p.poll() is None, f"the daemon never stopped after the {phase}"
+            time.sleep(0.05)
+    except BaseException:
+        os.kill(daemon, signal.SIGCONT)
+        raise
+    return p, daemon
+
+
 @pytest.mark.parametrize("phase", ["dump", "resume"])
 def test_the_writer_writes_nothing_until_the_round_has_resumed(ckptd: Ckptd, tmp_path: Path, phase: str) -> None:
     """The daemon is stopped at the end of the dump (the job parked) or of
@@ -88,14 +106,8 @@ def test_the_writer_writes_nothing_until_the_round_has_resumed(ckptd: Ckptd, tmp
     c.launch("gate", snapshot(steps, mib, 0.02))
     c.wait_log("gate", r"^step 3 ")
     log = c.log_file("gate")  # read directly: no command is answered while the daemon is stopped
-    (daemon,) = c.daemon_pids()
-    fault.write_text(f"daemon:{phase}:STOP")
-    p = subprocess.Popen([CKPTCTL, "checkpoint", "gate", "--json"], env=c.env, stdout=subprocess.PIPE, text=True)
+    p, daemon = checkpoint_stopped_at(c, fault, "gate", phase)
     try:
-        deadline = time.monotonic() + 30
-        while fault.exists() or psutil.Process(daemon).status() != psutil.STATUS_STOPPED:
-            assert time.monotonic() < deadline and p.poll() is None, f"the daemon never stopped after the {phase}"
-            time.sleep(0.05)
         (writer,) = writers(c, exited=True)
         assert writer.status() != psutil.STATUS_ZOMBIE, f"the writer finished before the daemon went on ({phase})"
         log_before = log.read_bytes()
@@ -148,20 +160,15 @@ def test_a_child_forked_before_finalize_holds_nothing_of_its_parents_writer(ckpt
     c.launch("fl", [PYTHON, str(script), str(flag)])
     c.wait_log("fl", r"^step 3$")
     (parent,) = (p["host_pid"] for p in c.status("fl")["processes"])
-    (daemon,) = c.daemon_pids()
-    fault.write_text("daemon:resume:STOP")
-    p = subprocess.Popen([CKPTCTL, "checkpoint", "fl", "--json"], env=c.env, stdout=subprocess.PIPE, text=True)
+    p, daemon = checkpoint_stopped_at(c, fault, "fl", "resume")
     try:
-        deadline = time.monotonic() + 30
-        while fault.exists() or psutil.Process(daemon).status() != psutil.STATUS_STOPPED:
-            assert time.monotonic() < deadline and p.poll() is None, "the daemon never stopped after the resume"
-            time.sleep(0.05)
         (writer,) = writers(c, exited=True)
         gate = os.readlink(f"/proc/{writer.pid}/fd/2")
         assert gate.startswith("pipe:"), gate
         flag.touch()
+        deadline = time.monotonic() + 30
         while not (forked := [k for k in psutil.Process(parent).children() if k.name() != "ckptd-writer"]):
-            assert time.monotonic() < deadline + 30, "the job did not fork"
+            assert time.monotonic() < deadline, "the job did not fork"
             time.sleep(0.05)
         held = {os.readlink(f"/proc/{forked[0].pid}/fd/{fd}") for fd in os.listdir(f"/proc/{forked[0].pid}/fd")}
         assert gate not in held

@@ -13,7 +13,7 @@
  *
  * The writer is a clone child with exit signal 0: the job's wait() never
  * sees it, and its exit sends no SIGCHLD.  It closes every descriptor but
- * the two it needs, so that it keeps none of the job's files open.  It
+ * the three it needs, so that it keeps none of the job's files open.  It
  * waits at a gate, a pipe, until FLUSH, which the agent sends once every
  * rank of the round runs again (or until ABORT, DISCARD, the agent's
  * connection lost, the process's end, or GATE_MAX_MS).  On a node with
@@ -1043,14 +1043,13 @@ int ck_writeout_start(struct ck_image *im, const char *dir)
         if (gate[0] >= 0)
             ck_close(gate[0]);
         gate_fd = gate[1];
-        if (pid <= 0)
-            ck_writeout_go();
         if (pid > 0) {
             ck_strlcpy(writer_dir, dir, sizeof(writer_dir));
             writer_pid = (int)pid;
             capture_mode = CK_CAPTURE_WRITER;
             return 0;
         }
+        ck_writeout_go();  /* no writer to wait for it */
         /* no fork (memory, a process limit): write them now instead */
     } else if (ck_shim.capture_sync == 0 && stage_runs(im) == 0) {
         /* FLUSH writes them; the pages file and its directory stay open until then */
@@ -1107,9 +1106,7 @@ static int staged_image_done(char *err, size_t errcap)
 void ck_writeout_after_fork(void)
 {
     writer_pid = 0;
-    if (gate_fd >= 0)
-        ck_close(gate_fd);
-    gate_fd = -1;
+    ck_writeout_go();  /* closes only the child's copy: the parent's stays */
     drop_staged();
 }
 
