@@ -9,12 +9,15 @@ inside at every step, through a checkpoint, kill -9 and restart."""
 from __future__ import annotations
 
 import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
 import test_nonroot
-from conftest import Ckptd, compile_workload, exact_round_trip
+from conftest import Ckptd, compile_workload, exact_round_trip, kill_restart_finish, run_plain
 from test_bad_input import assert_refused
+from test_capture import checkpoint_stopped_at, writers
 
 STEPS = "30"
 unprivileged = test_nonroot.unprivileged  # the fixture: a ckptd run as nobody
@@ -27,6 +30,35 @@ def sysv_ipc(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def test_shared_memory(ckptd: Ckptd, sysv_ipc: str) -> None:
     exact_round_trip(ckptd, "sysv-shm", [sysv_ipc, STEPS, "shm"])
+
+
+def test_the_writers_hold_no_attachment_while_the_job_runs_on(ckptd: Ckptd, sysv_ipc: str, tmp_path: Path) -> None:
+    """The daemon is stopped at the end of the resume: the job runs again
+    while its processes' page writers wait for finalize.  A writer is a fork
+    of its process, but inherits none of its shared mappings: the segments'
+    attachment counts (shm_nattch), which the job checks every step, stay
+    what they were, and the restart ends as the plain run does."""
+    fault = tmp_path / "fault"
+    ckptd.env["CKPTD_FAULT"] = f"@{fault}"  # read by the daemon, which the first command starts
+    argv = [sysv_ipc, "60", "shm"]
+    plain = run_plain(argv)
+    ckptd.launch("sysv-w", argv)
+    ckptd.wait_log("sysv-w", r"^step 3 ok")
+    log = ckptd.log_file("sysv-w")  # read directly: no command is answered while the daemon is stopped
+    p, daemon = checkpoint_stopped_at(ckptd, fault, "sysv-w", "resume")
+    try:
+        assert writers(ckptd), "no page writer waits for finalize: nothing is tested"
+        seen = log.read_text().count(" ok\n")
+        deadline = time.monotonic() + 30
+        while log.read_text().count(" ok\n") < seen + 3:  # three checks of nattch with the writers there
+            assert time.monotonic() < deadline and "BAD" not in log.read_text(), log.read_text()[-500:]
+            time.sleep(0.05)
+        assert writers(ckptd) and "BAD" not in log.read_text(), log.read_text()[-500:]
+    finally:
+        os.kill(daemon, signal.SIGCONT)
+    out, _ = p.communicate(timeout=60)
+    assert p.returncode == 0, out
+    kill_restart_finish(ckptd, "sysv-w", plain)
 
 
 def test_semaphores(ckptd: Ckptd, sysv_ipc: str) -> None:

@@ -1019,6 +1019,20 @@ static void drop_staged(void)
     __atomic_store_n(&staged_claimed, 0, __ATOMIC_RELEASE);
 }
 
+/* The writer reads private memory only (ck_vma_written_later): the job's
+ * shared mappings are kept out of it (MADV_DONTFORK around the fork).  A
+ * System V segment it inherited would count one attachment more
+ * (shm_nattch) and move shm_lpid and shm_atim, all of which the job can
+ * read, for as long as the writer waits at its gate; the job runs again
+ * meanwhile.  A mapping that refuses (VM_IO, VM_PFNMAP) is inherited. */
+static void shared_kept_from_fork(const struct ck_image *im, int kept)
+{
+    const struct ck_vma *v = (const struct ck_vma *)im->vmas.base;
+    for (size_t i = 0; i < im->vmas.count; i++)
+        if ((v[i].flags & CK_VMA_SHARED) && !(v[i].madv & CK_MADV_DONTFORK))
+            ck_madvise((void *)v[i].start, v[i].end - v[i].start, kept ? MADV_DONTFORK : MADV_DOFORK);
+}
+
 int ck_writeout_start(struct ck_image *im, const char *dir)
 {
     if (im->key)  /* before the stack is forked or staged: nothing of the key below this frame */
@@ -1035,9 +1049,11 @@ int ck_writeout_start(struct ck_image *im, const char *dir)
         if (ck_pipe2(gate, O_CLOEXEC) < 0)
             gate[0] = gate[1] = -1;  /* no descriptor left: the writer starts at once, as it may */
         if (ck_arena_inherit(1) == 0) {
+            shared_kept_from_fork(im, 1);
             pid = ck_clone_quiet();
             if (pid == 0)
                 writer_main(im, gate[0]);
+            shared_kept_from_fork(im, 0);
         }
         ck_arena_inherit(0);
         if (gate[0] >= 0)
