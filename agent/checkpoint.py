@@ -515,7 +515,6 @@ class Checkpointer:
             dumped = _side_by_side(lambda conn: self._dump_one(conn, request, job.owner, key, sync), conns)
             resp = pb.DumpResponse(processes=dumped)
             # the objects of the job's own IPC namespace, once for the job, still parked
-            sysv_ipc.check_sem_undo(Path(request.dir), [p.dir for p in resp.processes])
             sysv_ipc.save(conns[0].host_pid, Path(request.dir), encrypted=key is not None)
         self._writing[job.name] = list(conns)
         relay = job.drain_output()
@@ -821,6 +820,7 @@ class Checkpointer:
         # a tree that could not be rebuilt is refused: the checkpoint is
         # discarded, and the job, already running again, runs on
         procs = [{"dir": pd.dir} for pd in dumps]
+        sysv_ipc.check_sem_undo(d, [pd.dir for pd in dumps])  # the images alone: nothing parked
         try:
             plan_for_checkpoint(d, dict(tree, processes=procs))
         except PlanError as e:

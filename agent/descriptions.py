@@ -74,6 +74,8 @@ def shared_descriptions(procs: list[tuple[int, int]]) -> list[list[list[int]]]:
     """procs: (pid in the job, host pid) of every parked process.  Returns each
     open file description held by two processes or more as its [pid, fd]
     pairs (pids in the job)."""
+    if len(procs) < 2:  # one process shares nothing with another (a rank of one process)
+        return []
     by_file: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
     for pid, host in procs:
         for key, fd in _files(host):

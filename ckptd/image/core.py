@@ -55,9 +55,9 @@ def _lib() -> Any:
 def warm() -> None:
     """Parse the format's declarations, and the types reading a core.img
     names, now: the first time costs one core 70-90 ms (cffi's C parser),
-    which an agent pays at its start rather than in a job's first pause
-    (the dump step reads every process's core.img while the job is parked:
-    agent/sysv_ipc.py check_sem_undo)."""
+    which an agent pays at its start rather than in a job's first
+    checkpoint (finalize reads every process's core.img: agent/sysv_ipc.py
+    check_sem_undo, the manifest's process records)."""
     f = ffi()
     _lib()
     for ctype in ("struct ck_header", "struct ck_sem_undo", *(t for _, t in SECTIONS.values())):
