@@ -189,15 +189,17 @@ class AgentService(pb_grpc.AgentServicer):
     def Steps(self, request: pb.StepsRequest, context: grpc.ServicerContext) -> pb.StepsReply:
         """Every step at once: the first on this RPC's own thread (a node
         with one rank hands nothing over), the others on the step pool."""
+        received = time.monotonic()
         self._coordinator(context)
         steps = list(request.steps)
         later = [self._pool.submit(self._step, step) for step in steps[1:]]
         replies = [self._step(step) for step in steps[:1]]
         replies += [f.result() for f in later]
-        return pb.StepsReply(replies=replies)
+        return pb.StepsReply(replies=replies, received=received, answered=time.monotonic())
 
     def _step(self, step: pb.RankStep) -> pb.StepReply:
         kind = step.WhichOneof("step")
+        began = time.monotonic()
         try:
             if kind is None:  # a field this agent does not know
                 raise CkptdError(
@@ -205,7 +207,7 @@ class AgentService(pb_grpc.AgentServicer):
                     f"node {self.node.node} was sent a step it does not know: its agent and the coordinator "
                     "are different versions of ckptd; run one version on every node",
                 )
-            return pb.StepReply(**{kind: self._STEPS[kind](self, getattr(step, kind))})
+            return pb.StepReply(**{kind: self._STEPS[kind](self, getattr(step, kind))}, began=began)
         except Exception as e:
             err = answer_error(kind or "Steps", e)
             return pb.StepReply(error=pb.StepError(code=err.code.name, message=err.message, transient=err.transient))

@@ -210,6 +210,7 @@ class CheckpointRound:
             p = Phase(name=name, rpc_s=now - mark[0], local_s=local_s)
             if sent:  # where the phase's requests (_on_all) spent the protocol's time
                 p.issue_s, p.wire_s, p.requests = self.sent.issue_s, self.sent.wire_s, self.sent.requests
+                p.busy_s = self.sent.busy_s(mark[0], now)
             phases.append(p)
             mark[0] = now
 
@@ -266,8 +267,11 @@ class CheckpointRound:
             else:
                 close("resume")  # none: the ranks stay parked until stopped
             timings["stall_s"] = mark[0] - t_pause  # as seen from outside: an upper bound
-            # the stall less the slowest rank's own time in each of its phases
-            timings["protocol_s"] = max(0.0, timings["stall_s"] - sum(p.local_s for p in phases[1:]))
+            # the stall in which no rank was at its own work (Phase.busy_s)
+            timings["protocol_s"] = max(0.0, timings["stall_s"] - sum(p.busy_s for p in phases[1:]))
+            # the stall less the slowest rank's own time in each phase: as if
+            # every rank had a core of its own (before 2026-11-29, protocol_s)
+            timings["protocol_slowest_s"] = max(0.0, timings["stall_s"] - sum(p.local_s for p in phases[1:]))
             # with --dedup, ranks other than 0 store only what rank 0's images do not hold
             rank0 = next((t for t in targets if t.rank and t.rank.rank == 0), None)
 

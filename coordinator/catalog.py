@@ -91,6 +91,7 @@ def info_from_manifest(job: str, path: Path) -> pb.CheckpointInfo:
                 issue_s=float(p.get("issue_s", 0)),  # none before they were recorded
                 wire_s=float(p.get("wire_s", 0)),
                 requests=int(p.get("requests", 0)),
+                busy_s=float(p.get("busy_s", 0)),
             )
             for p in m.get("phases", [])  # none in a manifest from before phases were recorded
         ],

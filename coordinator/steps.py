@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ckptd.errors import CkptdError, Code
@@ -27,6 +27,34 @@ class Sent:
     requests: int = 0  # one per node
     issue_s: float = 0.0  # putting every node's request in flight (the coordinator's serial part)
     wire_s: float = 0.0  # the worst round trip less its slowest step's own time (transport, an agent's queue)
+    # each step's own work, (began, ended) on the coordinator's clock (busy_s)
+    work: list[tuple[float, float]] = field(default_factory=list)
+
+    def busy_s(self, start: float, end: float) -> float:
+        """The time in [start, end] in which at least one step was at work:
+        the union of the steps' spans.  Ranks that share cores take turns,
+        and their own work then adds up; the rest of the phase is the
+        protocol's (Phase.busy_s)."""
+        total, reach = 0.0, start
+        for began, ended in sorted(self.work):
+            a, b = max(began, reach), min(ended, end)
+            if b > a:
+                total += b - a
+                reach = b
+        return total
+
+
+def on_agent_clock(reply: pb.StepsReply, out: float, back: float) -> float:
+    """What to take from the agent's CLOCK_MONOTONIC to read it on ours.
+    Every offset that keeps the request's arrival after it went out and
+    the reply's going out before it came back is possible; the one nearest
+    0 is taken, so that nodes sharing a clock (this machine's namespace
+    nodes) read it as it is, and other nodes are off by no more than the
+    round trip's time on the wire."""
+    lo, hi = reply.answered - back, reply.received - out
+    if lo > hi:  # clocks that run at different rates: the middle
+        return (lo + hi) / 2
+    return min(max(0.0, lo), hi)
 
 
 def on_nodes(
@@ -74,10 +102,15 @@ def on_nodes(
                 answers[i] = failed
             continue
         own = 0.0
+        skew = on_agent_clock(reply, out, back)
         for i, r in zip(indices, reply.replies, strict=True):
             answers[i] = step_answer(r, step, node)
             if not isinstance(answers[i], CkptdError):
-                own = max(own, float(getattr(answers[i], "local_s", 0.0)))
+                took = float(getattr(answers[i], "local_s", 0.0))
+                own = max(own, took)
+                # an agent from before the stamps: as if its steps had ended with the reply
+                began = r.began - skew if reply.received else back - took
+                sent.work.append((began, began + took))
         sent.wire_s = max(sent.wire_s, back - out - own)
     return answers, sent
 

@@ -396,17 +396,23 @@ def lazy_table(rows: list[dict[str, Any]]) -> str:
 
 def phase_split(info: dict[str, Any]) -> dict[str, float]:
     """A checkpoint's stall split by its phases (ckptctl's "phases"): the
-    ranks' own time (the slowest rank's, phase by phase) and the protocol's
-    (the rest of the stall: RPCs, fan-out, waiting for the slowest to start)."""
+    time some rank was at its own work (busy_s: the union of the ranks'
+    steps) and the protocol's (the rest of the stall: RPCs, fan-out, time
+    in which no rank worked).  Also the older split, as if every rank had a
+    core of its own: the stall less the slowest rank's time in each phase."""
     by = {p["name"]: p for p in info.get("phases", [])}
-    stall = sum(float(by[n]["rpc_s"]) for n in ("prepare", "drain", "dump", "resume") if n in by)
-    own = sum(float(by[n].get("local_s", 0)) for n in ("prepare", "drain", "dump", "resume") if n in by)
     stall_phases = [by[n] for n in ("prepare", "drain", "dump", "resume") if n in by]
+    stall = sum(float(p["rpc_s"]) for p in stall_phases)
+    own = sum(float(p.get("local_s", 0)) for p in stall_phases)
+    busy = sum(float(p.get("busy_s", 0)) for p in stall_phases)
     return {
         "stall_s": stall,
-        "protocol_s": stall - own,
+        "protocol_s": stall - busy,
+        "protocol_slowest_s": stall - own,
         # the protocol's cost phase by phase, and where it goes (Phase.issue_s, wire_s)
-        "protocol_by_phase": [float(p["rpc_s"]) - float(p.get("local_s", 0)) for p in stall_phases],
+        "protocol_by_phase": [float(p["rpc_s"]) - float(p.get("busy_s", 0)) for p in stall_phases],
+        "busy_by_phase": [float(p.get("busy_s", 0)) for p in stall_phases],
+        "busy_s": busy,
         "own_by_phase": [float(p.get("local_s", 0)) for p in stall_phases],
         "issue_s": sum(float(p.get("issue_s", 0)) for p in stall_phases),
         "wire_s": sum(float(p.get("wire_s", 0)) for p in stall_phases),
@@ -473,12 +479,13 @@ def bench_ranks(base: Path, nranks: int, mib: int, nodes: Nodes | None = None) -
 def ranks_table(rows: list[dict[str, Any]]) -> str:
     """ranks -> what the barrier itself costs, beside the stall and the restart."""
     head = (
-        "| ranks | nodes | MiB per rank | protocol s (stall less ranks' own) "
+        "| ranks | nodes | MiB per rank | protocol s (stall in which no rank worked) "
         "| of it: prepare / drain / dump / resume | issuing requests s | worst round trip less own s "
+        "| ranks at work s (union of their steps) | stall less slowest rank's own s "
         "| ranks' own s (slowest, per phase) "
         "| of it: prepare / drain / dump / resume | stall s | paused s (from inside) "
         "| finalize s | commit s | checkpoint s | CPU s of the round: coordinator / agents "
-        "| restart s (command; ckptd's own) |\n" + "|---:" * 16 + "|\n"
+        "| restart s (command; ckptd's own) |\n" + "|---:" * 18 + "|\n"
     )
     body = ""
     for r in rows:
@@ -490,6 +497,8 @@ def ranks_table(rows: list[dict[str, Any]]) -> str:
             " / ".join(f"{x:.3f}" for x in r["protocol_by_phase"]),
             f"{r['issue_s']:.3f}",
             f"{r['wire_s']:.3f}",
+            f"{r['busy_s']:.3f}",
+            f"{r['protocol_slowest_s']:.3f}",
             f"{r['own_s']:.3f}",
             " / ".join(f"{x:.3f}" for x in r["own_by_phase"]),
             f"{r['stall_s']:.3f}",

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from ckptd.coordinator.steps import step_answer
+from ckptd.coordinator.steps import Sent, on_agent_clock, step_answer
 from conftest import PYTHON, Ckptd
+from test_capture import checkpoint_stopped_at
 
 from ckptd.errors import CkptdError, Code
 from ckptd.paths import Home, default_node
@@ -31,7 +34,7 @@ def check_phases(info: dict[str, Any], nodes: int = 1) -> dict[str, dict[str, fl
     """Sane phases in a CheckpointInfo's JSON, from a job on nodes nodes; by name."""
     phases = info.get("phases")
     assert phases and [p["name"] for p in phases] == PHASES, info
-    keys = ("rpc_s", "local_s", "issue_s", "wire_s", "requests")
+    keys = ("rpc_s", "local_s", "issue_s", "wire_s", "requests", "busy_s")
     by = {p["name"]: {k: float(p.get(k, -1)) for k in keys} for p in phases}
     for name, p in by.items():
         assert all(p[k] >= 0 for k in keys), (name, p)  # every one recorded
@@ -46,8 +49,10 @@ def check_phases(info: dict[str, Any], nodes: int = 1) -> dict[str, dict[str, fl
         assert p["local_s"] <= p["rpc_s"] + 2e-6, (name, p)
         if name in RANK_WORK:
             assert p["local_s"] > 0, (name, p)  # the agents answered with their own time
+            # the time some rank was at work: at least the slowest rank's, inside the phase
+            assert p["local_s"] - 2e-6 <= p["busy_s"] <= p["rpc_s"] + 2e-6, (name, p)
         else:
-            assert p["local_s"] == 0, (name, p)  # the coordinator's alone
+            assert p["local_s"] == 0 and p["busy_s"] == 0, (name, p)  # the coordinator's alone
     assert by["dump"]["local_s"] > 0.001, by  # writing the images takes a rank some time
     total = sum(p["rpc_s"] for p in by.values())
     assert abs(total - float(info["duration_s"])) < 1e-4, (total, info["duration_s"])
@@ -69,7 +74,10 @@ def test_single_process_checkpoint_records_its_phases(ckptd: Ckptd, counter: Pat
     m = manifest(taken["path"])
     assert [p["name"] for p in m["phases"]] == PHASES
     assert m["timings"]["protocol_s"] >= 0
-    assert m["timings"]["protocol_s"] <= m["timings"]["stall_s"]
+    # the stall no rank worked in is at most the stall less the slowest rank's time
+    assert m["timings"]["protocol_s"] <= m["timings"]["protocol_slowest_s"] + 1e-5 <= m["timings"]["stall_s"] + 1e-5
+    own = sum(p["busy_s"] for p in m["phases"] if p["name"] in STALL)
+    assert abs(m["timings"]["stall_s"] - own - m["timings"]["protocol_s"]) < 1e-5, m
     assert abs(m["timings"]["dump_s"] - by["dump"]["rpc_s"]) < 1e-5
     ckptd.ctl("kill", "ph")
 
@@ -124,3 +132,45 @@ def test_a_nodes_steps_answer_in_order_each_with_its_own_error(ckptd: Ckptd, cou
     taken = ckptd.checkpoint("st")
     check_phases(taken)
     ckptd.ctl("kill", "st")
+
+
+def test_a_pause_in_which_no_rank_works_is_the_protocols(ckptd: Ckptd, counter: Path, tmp_path: Path) -> None:
+    """The daemon stops itself for a second at the end of the rank's dump,
+    after the rank's own work and before its answer: the phase is that much
+    longer, the time some rank was at work is not, and the checkpoint puts
+    the second in the protocol's own cost."""
+    fault = tmp_path / "fault"
+    ckptd.env["CKPTD_FAULT"] = f"@{fault}"  # read by the daemon, which the first command starts
+    ckptd.launch("idle", [PYTHON, str(counter), "400"])
+    ckptd.wait_log("idle", r"^tick 3$")
+    p, daemon = checkpoint_stopped_at(ckptd, fault, "idle", "dump")
+    try:
+        time.sleep(1.0)
+    finally:
+        os.kill(daemon, signal.SIGCONT)
+    out, _ = p.communicate(timeout=60)
+    assert p.returncode == 0, out
+    taken = json.loads(out)
+    by = check_phases(taken)
+    assert by["dump"]["rpc_s"] - by["dump"]["busy_s"] >= 0.95, by["dump"]
+    assert by["dump"]["busy_s"] < 0.5, by["dump"]  # a counter's dump is short
+    t = manifest(taken["path"])["timings"]
+    assert t["protocol_s"] >= 0.95 and t["protocol_slowest_s"] >= 0.95, t
+    ckptd.ctl("kill", "idle")
+
+
+def test_steps_on_another_nodes_clock_are_read_inside_their_round_trip() -> None:
+    """Where each step's work lies on the coordinator's clock (on_agent_clock):
+    a node sharing its clock is read as it is; one whose clock is far off
+    is moved to within the round trip; the time at work is the union."""
+    same = pb.StepsReply(received=10.2, answered=10.8)
+    assert on_agent_clock(same, 10.0, 11.0) == 0.0
+    far = pb.StepsReply(received=1000.5, answered=1000.9)  # 990.5 s ahead, 0.1 s on the wire each way
+    skew = on_agent_clock(far, 10.0, 11.0)
+    assert far.received - skew >= 10.0 and far.answered - skew <= 11.0, skew
+    behind = pb.StepsReply(received=5.1, answered=5.3)
+    skew = on_agent_clock(behind, 10.0, 11.0)
+    assert behind.received - skew >= 10.0 and behind.answered - skew <= 11.0, skew
+    sent = Sent(work=[(1.0, 2.0), (1.5, 3.0), (5.0, 6.0), (-1.0, 0.5)])
+    assert abs(sent.busy_s(0.0, 5.5) - 3.0) < 1e-9  # 0-0.5, 1-3 and 5-5.5
+    assert sent.busy_s(3.0, 5.0) == 0.0

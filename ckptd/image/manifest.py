@@ -168,6 +168,10 @@ class Phase:
     issue_s: float = 0.0  # putting every request in flight (the coordinator's serial part)
     wire_s: float = 0.0  # the worst round trip less its slowest rank's own time (transport, an agent's queue)
     requests: int = 0  # sent in the phase: one per node (Agent.Steps), not one per rank
+    # the time in it in which at least one rank was at its own work (the union
+    # of the ranks' steps): where ranks share cores, rpc_s less busy_s is the
+    # protocol's own cost (PhaseTiming.busy_s)
+    busy_s: float = 0.0
 
 
 @dataclass
@@ -214,6 +218,7 @@ class Manifest:
                     "issue_s": round(p.issue_s, 6),
                     "wire_s": round(p.wire_s, 6),
                     "requests": p.requests,
+                    "busy_s": round(p.busy_s, 6),
                 }
                 for p in self.phases
             ],
