@@ -29,6 +29,7 @@ import contextlib
 import logging
 import os
 import signal
+import time
 from collections.abc import Callable, Iterable
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,16 @@ def _none() -> Iterable[int]:
     return ()
 
 
+def _soon(pids: Pids, wait_s: float = 5.0) -> list[int]:
+    """pids, once there are any: a restart's processes appear a moment after
+    the restorer is spawned (its "rebuild" point), and a fault that found
+    none would not fire at all."""
+    deadline = time.monotonic() + wait_s
+    while not (found := list(pids())) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return found
+
+
 def point(phase: str, side: str, job: Pids = _none, init: Pids = _none) -> None:
     """The end of `phase` on `side` ("coordinator" or "agent"); `job` and
     `init` name (when called: only when a fault is armed) the host pids a
@@ -87,7 +98,7 @@ def point(phase: str, side: str, job: Pids = _none, init: Pids = _none) -> None:
     if who in (side, "daemon"):
         pids = [os.getpid()]
     elif who == "job":
-        pids = list(job())
+        pids = _soon(job)
     elif who == "init":
         pids = list(init())
     else:
