@@ -820,7 +820,8 @@ class Checkpointer:
         # a tree that could not be rebuilt is refused: the checkpoint is
         # discarded, and the job, already running again, runs on
         procs = [{"dir": pd.dir} for pd in dumps]
-        sysv_ipc.check_sem_undo(d, [pd.dir for pd in dumps])  # the images alone: nothing parked
+        cores = [CoreImage.load(d / pd.dir / "core.img") for pd in dumps]
+        sysv_ipc.check_sem_undo(cores)  # the images alone: nothing parked
         try:
             plan_for_checkpoint(d, dict(tree, processes=procs))
         except PlanError as e:
@@ -838,8 +839,7 @@ class Checkpointer:
         written: dict[str, dict[str, Any]] = {}
         read: dict[str, dict[str, Any]] = {}
         mapped: dict[str, dict[str, Any]] = {}
-        for pd in dumps:
-            core = CoreImage.load(d / pd.dir / "core.img")
+        for pd, core in zip(dumps, cores, strict=True):
             summary = core.summary()
             processes.append(
                 ProcessRecord(

@@ -110,7 +110,7 @@ def save(host_pid: int, directory: Path, encrypted: bool = False) -> None:
         )
 
 
-def check_sem_undo(directory: Path, dirs: list[str]) -> None:
+def check_sem_undo(cores: list[CoreImage]) -> None:
     """Refuse a checkpoint whose SEM_UNDO adjustments the shims cannot know:
     a SETVAL, SETALL or IPC_RMID clears every process's adjustments on the
     set in the kernel, but only the caller's shim sees it (native/shim/eintr.c).
@@ -119,8 +119,7 @@ def check_sem_undo(directory: Path, dirs: list[str]) -> None:
     adj = constant("CK_SEM_UNDO_ADJ")
     clears: list[tuple[int, int, str]] = []  # (semid, when, by whom) of each process's last clear of a set
     begun: list[tuple[int, int, str]] = []  # (semid, when, whose) of every adjustment
-    for d in dirs:
-        core = CoreImage.load(directory / d / "core.img")
+    for core in cores:
         who = f"pid {int(core.proc.pid)} in the job ({core.string(core.proc.exe) or '?'})"
         for u in core.sem_undo():
             if u["kind"] == adj:
