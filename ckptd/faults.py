@@ -29,6 +29,7 @@ import contextlib
 import logging
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterable
 
@@ -106,6 +107,13 @@ def point(phase: str, side: str, job: Pids = _none, init: Pids = _none) -> None:
     if not pids or not _claim():
         return
     log.warning("fault point: %s to %s (%s) at the end of %s", sig.name, who, pids, phase)
+    if pids == [os.getpid()]:
+        # to this very thread: it stops (or dies) on its way out of the call.
+        # kill(getpid()) picks a thread of the kernel's choosing, and on a busy
+        # machine this one went on meanwhile and sent the reply the fault was
+        # to withhold (a restart that "succeeded" with its agent stopped)
+        signal.pthread_kill(threading.get_ident(), sig)
+        return
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
