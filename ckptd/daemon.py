@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 
 DAEMON_START_TIMEOUT_S = 30.0
 DEFAULT_IDLE_EXIT_S = limits.DEFAULT_IDLE_EXIT_S
+# a draining daemon waits this long for the launcher that started it (under Slurm) to hear how it went
+STARTER_GRACE_S = 10.0
 
 
 LOG_FORMATS = limits.LOG_FORMATS
@@ -249,6 +251,10 @@ def run_local(home: Home, idle_exit_s: float, metrics: str = "", exit_with: int 
             w.start()
         for w in workers:
             w.join()
+        if starter is not None:
+            # the launcher that started this daemon got the same signal (Slurm signals every
+            # process of the job) and asks this coordinator how its job's final checkpoint went
+            select.select([starter], [], [], STARTER_GRACE_S)
         stop.set()
 
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -12,6 +12,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import CKPTCTL, CKPTD, PYTHON, Ckptd, run_plain
 from test_bad_input import one_line_error
@@ -38,6 +39,14 @@ def attach(c: Ckptd, job: str, *extra: str) -> subprocess.Popen[str]:
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def exited(pid: int) -> bool:
+    """pid is gone, or a zombie its stopped parent (the launcher) cannot reap yet."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def wait_state(c: Ckptd, job: str, state: str, timeout: float = 60) -> dict:
@@ -138,6 +147,46 @@ def test_sigterm_to_every_ckptd_process_as_slurm_sends_it(ckptd: Ckptd, counter:
     assert not any(Path(f"/proc/{d}").exists() for d in daemons), "the daemon did not exit after its jobs stopped"
     assert ckptd.status("term")["state"] == "stopped"  # a fresh daemon reads it back
     p = resume(ckptd, "term", argv)
+    out2, err2 = p.communicate(timeout=120)
+    assert p.returncode == 0, err2
+    assert out1 + out2 == plain.stdout
+
+
+def test_the_daemons_final_checkpoint_first_under_slurm(ckptd: Ckptd, counter: Path) -> None:
+    """Under Slurm the daemon's SIGTERM may win: it takes the final
+    checkpoint before the launcher (held here) asks for one.  The daemon
+    stays until the launcher that started it has exited, so that it learns
+    which checkpoint stopped its job: it says so and exits 143, and does not
+    report a failed final checkpoint."""
+    ckptd.env["SLURM_JOB_ID"] = "1"  # the daemon goes with its starter (daemon --exit-with)
+    plain = run_plain([PYTHON, str(counter), N])
+    argv = [PYTHON, str(counter), N]
+    p = resume(ckptd, "late", argv)
+    ckptd.wait_log("late", r"^tick 20$")
+    daemons = ckptd.daemon_pids()
+    assert daemons
+    log = ckptd.home / "logs" / "daemon.log"
+    os.kill(p.pid, signal.SIGSTOP)
+    try:
+        for d in daemons:
+            os.kill(d, signal.SIGTERM)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and "job late stopped after ckpt-000001" not in log.read_text():
+            time.sleep(0.1)
+        time.sleep(3)  # longer than a daemon takes to exit once it has nothing to wait for
+        assert not any(exited(d) for d in daemons), "the daemon left before the launcher that started it"
+        os.kill(p.pid, signal.SIGTERM)
+    finally:
+        os.kill(p.pid, signal.SIGCONT)
+    out1, err1 = p.communicate(timeout=60)
+    assert p.returncode == 128 + signal.SIGTERM, err1
+    assert "stopped after ckpt-000001" in err1 and "failed" not in err1, err1
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not all(exited(d) for d in daemons):
+        time.sleep(0.1)
+    assert all(exited(d) for d in daemons), "the daemon did not exit after its starter"
+    assert ckptd.status("late")["state"] == "stopped"
+    p = resume(ckptd, "late", argv)
     out2, err2 = p.communicate(timeout=120)
     assert p.returncode == 0, err2
     assert out1 + out2 == plain.stdout

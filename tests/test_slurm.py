@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -224,7 +225,9 @@ def test_one_node_job_requeued_from_outside_resumes_from_its_final_checkpoint(sl
         finally:
             slurm.run("scancel", job_id, check=False)
     notes = err.read_text()
-    assert "SIGTERM: taking a final checkpoint" in notes and "stopped after ckpt-000001" in notes, notes
+    # the launcher's own final checkpoint, or the daemon's (both got the SIGTERM; the daemon's may come first)
+    assert "SIGTERM: taking a final checkpoint" in notes, notes
+    assert re.search(r"stopped after (its final checkpoint )?ckpt-000001", notes), notes
     assert "resumed from ckpt-000001" in notes, notes
     assert out.read_text() == plain.stdout  # every tick once, in one file across both runs
     assert slurm.job(job_id)["ExitCode"] == "0:0"

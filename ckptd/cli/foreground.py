@@ -16,7 +16,6 @@ import contextlib
 import signal
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -105,6 +104,11 @@ class Foreground:
         self.ckpt_signals = ckpt_signals
         self.stopped_by = 0  # the checkpoint signal whose final checkpoint stopped the job
         self.preempting: list[threading.Thread] = []
+        # the status the job's output ended with: a final checkpoint some other
+        # process took (the daemon's, under Slurm) shows here when the
+        # coordinator that took it has already exited
+        self.ended: pb.JobStatus | None = None
+        self.end = threading.Event()
 
     def run(self, agent_address: str, followed: str, offset: int, multi: bool) -> int:
         for sig in set(FORWARDED) | self.ckpt_signals:
@@ -118,6 +122,8 @@ class Foreground:
         try:
             for chunk in agent.FollowOutput(req):
                 if chunk.end:
+                    self.ended = chunk.status
+                    self.end.set()
                     for t in self.preempting:  # the job stopped for it: let it say so
                         t.join(timeout=6 * 3600)
                     st = chunk.status
@@ -165,17 +171,21 @@ class Foreground:
                 return
             except CkptdError as e:
                 err = e.message
-            # another final checkpoint (the daemon's, under Slurm) may have stopped it
+            # another final checkpoint (the daemon's, under Slurm) may have stopped it; that daemon
+            # exits once it has, so the end of the job's output may be the only one left to say so
+            st = self.ended
             with contextlib.suppress(CkptdError):
                 st = call(self.coord.GetJob, pb.GetJobRequest(job=self.job), 10, "coordinator")
-                if st.state == JobState.STOPPED.pb:
-                    self.stopped_by = signum
-                    note(f"ckptd: job {self.job} stopped after a final checkpoint; exit {128 + signum} (requeue)")
-                    return
-                if not JobState.of(st.state).live:
-                    return
+            if st is not None and st.state == JobState.STOPPED.pb:
+                self.stopped_by = signum
+                # the coordinator's status names the checkpoint; the agent's says it in its message
+                why = f"stopped after {st.last_checkpoint.name}" if st.last_checkpoint.name else st.message
+                note(f"ckptd: job {self.job} {why.split(';')[0] or 'stopped'}; exit {128 + signum} (requeue)")
+                return
+            if st is not None and not JobState.of(st.state).live:
+                return
             if attempt + 1 < FINAL_CHECKPOINT_TRIES:
-                time.sleep(1.0)
+                self.end.wait(1.0)
         note(f"ckptd: final checkpoint failed ({err}); passing {name} to the job")
         with contextlib.suppress(CkptdError):
             call(self.coord.SignalJob, pb.SignalRequest(job=self.job, signal=signum), 10, "coordinator")
