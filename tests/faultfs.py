@@ -16,8 +16,10 @@ time the file changes::
                                  #   ENOSPC: only calls that allocate, never unlink or rmdir)
      "after_bytes": 65536,       # only once that many bytes went to matching files since
                                  #   the fault was set (a write that crosses it is cut short)
-     "spread": true}             # once it fires, every call on every path fails: storage
+     "spread": true,             # once it fires, every call on every path fails: storage
                                  #   that goes away at a chosen moment (with ENOTCONN)
+     "times": 1}                 # only the first that many calls fail: a blip, storage
+                                 #   that comes back by itself
 
 `{}` (or no file) turns faults off.  Every fault injected adds a line to
 CONTROL + ".log" (the call and the path), so a test can tell where it
@@ -62,6 +64,7 @@ class Control:
         self.stamp: tuple[int, int] | None = None
         self.rule: dict[str, Any] = {}
         self.written = 0
+        self.fired = 0
         self.lock = threading.Lock()
 
     def _reload(self) -> None:
@@ -78,7 +81,7 @@ class Control:
         if stamp is not None:
             with contextlib.suppress(ValueError, OSError):
                 rule = json.loads(Path(self.path).read_text() or "{}")
-        self.rule, self.written = rule, 0
+        self.rule, self.written, self.fired = rule, 0, 0
 
     def check(self, op: str, path: str, size: int = 0) -> int:
         """How many of size bytes the call may go on with (size when no fault
@@ -110,6 +113,9 @@ class Control:
                 return take  # a short write: the next one fails
             if rule.get("spread"):  # the first fault takes the whole filesystem with it
                 self.rule = {"errno": rule["errno"], "ops": "all"}
+            self.fired += 1
+            if self.fired == int(rule.get("times", 0)):
+                self.rule = {}
             code = getattr(errno, rule["errno"])
             with open(self.log, "a") as f:
                 f.write(f"{op} {path} {rule['errno']}\n")

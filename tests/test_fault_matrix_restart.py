@@ -258,3 +258,40 @@ def test_storage_fails_during_a_lazy_fill(
     assert "BAD" not in ckptd.log(JOB)
     cell.nothing_left()
     cell.restores_identical()
+
+
+BLIP = 10
+
+
+@faultmatrix.cell(
+    "storage returns EIO for a moment (10 reads)",
+    "lazy fill",
+    "the pager reads the page's byte again, finds the storage back and copies the page again: "
+    "the job runs on and ends identical",
+)
+def test_storage_that_fails_for_a_moment_under_a_lazy_fill(
+    ckptd: Ckptd, store: faultfs.FaultFS, tmp_path: Path, fault_job: str
+) -> None:
+    ckptd.env["CKPTD_LAZY_FILL_DELAY_MS"] = "100"  # 24 MiB in some 20 s: the fault lands mid-fill
+    cell = Cell(ckptd, tmp_path, fault_job, "--ckpt-dir", str(store.mountpoint))
+    cell.runs_on()
+    ckptd.kill9(JOB)
+    ckptd.ctl("restart", JOB, "--lazy")
+    # ten reads fail, then the storage is back: more than the kernel's own retries of a page-in absorb
+    store.set("EIO", ops="read", pattern=f"/{JOB}/ckpt-000001/proc-*/pages.img", calls=["read"], times=BLIP)
+    for img in sorted((store.mountpoint / JOB / "ckpt-000001").glob("proc-*/pages.img")):
+        with contextlib.suppress(OSError):  # (the fill may read first and take the one fault)
+            img.open("rb").close()  # an open drops a FUSE file's cached pages: later reads reach the faultfs
+    deadline = time.monotonic() + 30
+    while not store.injected():
+        assert time.monotonic() < deadline, "the fill read nothing"
+        time.sleep(0.05)
+    Path(f"{cell.go}2").touch()
+    st = cell.wait_state("exited", "failed", timeout=120)
+    assert st["state"] == "exited", st.get("message")
+    out = ckptd.log(JOB)
+    assert ckptd.wait(JOB) == 0 and "BAD" not in out, out[-2000:]
+    assert ckptd.log(JOB, "stdout") == cell.plain.stdout
+    # more than the kernel's own second try of a page-in absorbs (the pager before this one failed at 8)
+    assert len(store.injected()) > 2, store.injected()
+    cell.nothing_left()

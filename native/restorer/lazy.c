@@ -233,7 +233,12 @@ static void finish(void)
     ck_exit_group(0);
 }
 
-static void image_unreadable(uint64_t src) __attribute__((noreturn));
+static long image_byte_again(uint64_t src, uint32_t *source);
+static void image_unreadable(uint32_t source, long rc) __attribute__((noreturn));
+
+/* how often one copy is tried again after an EFAULT whose byte then reads
+ * (storage that failed for a moment, its page now in the page cache) */
+#define COPY_RETRIES 3
 
 /* [dst, dst+len) filled: UFFDIO_COPY from src, straight from the page
  * cache (no copy through a buffer), or with src 0 UFFDIO_ZEROPAGE.
@@ -243,6 +248,7 @@ static void image_unreadable(uint64_t src) __attribute__((noreturn));
 static long fill(uint64_t dst, uint64_t len, uint64_t src)
 {
     uint64_t done = 0;
+    int retries = 0;
     while (done < len) {
         long rc;
         int64_t got;
@@ -268,8 +274,13 @@ static long fill(uint64_t dst, uint64_t len, uint64_t src)
         }
         if (rc == -ESRCH)
             finish();  /* the process is gone: nothing left to fill */
-        if (rc == -EFAULT && src)
-            image_unreadable(src + done);  /* the image's page could not be read in from storage */
+        if (rc == -EFAULT && src) {  /* the image's page could not be read in from storage */
+            uint32_t source;
+            long r = image_byte_again(src + done, &source);
+            if (r == 1 && retries++ < COPY_RETRIES)
+                continue;  /* it reads now: the storage is back */
+            image_unreadable(source, r);
+        }
         if (rc != -EEXIST && rc != -ENOENT && rc != -EINVAL)
             rst_fail("cannot fill memory for a lazy restore", 0, rc);
         if (rc != -EEXIST && len - done > CK_PAGE_SIZE) {
@@ -288,21 +299,38 @@ static long fill(uint64_t dst, uint64_t len, uint64_t src)
  * back right after. */
 static struct {
     uint64_t base[CK_MAX_SOURCES + 1], size[CK_MAX_SOURCES + 1];
-    int fd[CK_MAX_SOURCES + 1];  /* the image each mapping is of (image_unreadable) */
+    int fd[CK_MAX_SOURCES + 1];  /* the image each mapping is of (image_byte_again) */
     uint32_t n;
 } clear;
 
 /* A copy from a memory image's mapping failed with EFAULT: storage that
- * returns EIO, or that went away, under a page not yet read in.  The job
- * cannot run on without that page: fail, naming the image and the error
- * a read of that very byte gets (the copy only says EFAULT). */
-static void image_unreadable(uint64_t src)
+ * returns EIO, or that went away, under a page not yet read in.  A read of
+ * that very byte says which (the copy only says EFAULT), and is tried again
+ * for some 3 s (50 ms, doubling): storage that comes back by itself (a
+ * network filesystem's server, a retried I/O) costs the job a wait, not
+ * its run.  1 once the byte reads; else the last read's error.  *source:
+ * the image it is in. */
+static long image_byte_again(uint64_t src, uint32_t *source)
 {
     uint32_t i = 0;
     while (i < clear.n && !(src >= clear.base[i] && src < clear.base[i] + clear.size[i]))
         i++;
+    *source = i;
+    if (i == clear.n)
+        return -EFAULT;
     char byte;
-    long rc = i < clear.n ? ck_pread(clear.fd[i], &byte, 1, src - clear.base[i]) : -EFAULT;
+    long rc = ck_pread(clear.fd[i], &byte, 1, src - clear.base[i]);
+    for (long wait_ms = 50; rc != 1 && wait_ms <= 1600; wait_ms *= 2) {
+        ck_nanosleep_ms(wait_ms);
+        rc = ck_pread(clear.fd[i], &byte, 1, src - clear.base[i]);
+    }
+    return rc;
+}
+
+/* The job cannot run on without that page: fail, naming the image and the
+ * error the read of its byte got (rc). */
+static void image_unreadable(uint32_t i, long rc)
+{
     char what[1200];
     struct ck_buf b;
     ck_buf_init(&b, what, sizeof(what));
