@@ -5,6 +5,7 @@ in the same run.  Writes a Markdown table (stdout, and --out FILE).
 
     scripts/bench.py [--dir DIR] [--sizes 256,1024,4096] [--trees 8x256] [--out BENCHMARKS.md]
     scripts/bench.py --ranks 1,2,4 [--rank-mib 256] [--sizes ''] [--trees '']
+    scripts/bench.py --ranks 1,32,64 --rank-mib 8 --nodes 16 --rank-repeats 5 --sizes "" --trees "" --incremental ""
 
 Per size: raw write (write + fsync, through the page cache like ckptd) and
 raw read (page cache dropped with POSIX_FADV_DONTNEED, then SETTLE_S); then the workload is
@@ -697,6 +698,34 @@ def dedup_table(rows: list[dict[str, Any]]) -> str:
     return head + body
 
 
+def rank_medians_table(rows: list[dict[str, Any]]) -> str:
+    """Per rank count: the medians of its jobs' stall, protocol and pause
+    (min-max), and each median against the fewest ranks' median."""
+    by: dict[int, list[dict[str, Any]]] = {}
+    for r in rows:
+        by.setdefault(int(r["ranks"]), []).append(r)
+    keys = ("stall_s", "protocol_s", "paused_s")
+    med = {n: {k: statistics.median(float(r[k]) for r in rs) for k in keys} for n, rs in by.items()}
+    first = med[min(by)]
+    out = (
+        "| ranks | jobs | stall s | stall / fewest ranks' | protocol s | protocol / fewest ranks' "
+        "| paused s (from inside) |\n" + "|---:" * 7 + "|\n"
+    )
+    for n in sorted(by):
+        rs, m = by[n], med[n]
+
+        def cell(k: str, rs: list[dict[str, Any]] = rs, m: dict[str, float] = m) -> str:
+            vals = [float(r[k]) for r in rs]
+            return f"{m[k]:.3f} ({min(vals):.3f}-{max(vals):.3f})"
+
+        ratio = {k: m[k] / first[k] if first[k] > 0 else float("nan") for k in keys}
+        out += (
+            f"| {n} | {len(rs)} | {cell('stall_s')} | {ratio['stall_s']:.1f}x | {cell('protocol_s')} "
+            f"| {ratio['protocol_s']:.1f}x | {cell('paused_s')} |\n"
+        )
+    return out
+
+
 def incremental_table(rows: list[dict[str, Any]]) -> str:
     head = (
         "| resident | changed pages found by | dirtied | full: image MiB | full: s | full: ckpt/raw write "
@@ -777,6 +806,11 @@ def main() -> int:
     ap.add_argument("--trees", default="8x256", help="process trees, PROCSxMIB, comma-separated ('' for none)")
     ap.add_argument("--ranks", default="", help="multi-node jobs of these rank counts, e.g. 1,2,4 (root)")
     ap.add_argument("--rank-mib", type=int, default=256, help="resident MiB per rank (default 256)")
+    ap.add_argument(
+        "--rank-repeats", type=int, default=1,
+        help="fresh jobs per rank count, the counts taking turns; with more than one, a table of the medians "
+        "and of their ratios to the fewest ranks' (one checkpoint of one job says little on a shared VM)",
+    )  # fmt: skip
     ap.add_argument(
         "--nodes", type=int, default=0,
         help="spread --ranks over this many namespace nodes, one agent each (0: all on this machine's agent)",
@@ -887,9 +921,11 @@ def main() -> int:
             agains[(mib, procs, 0)] = again
         rank_counts = [int(x) for x in filter(None, args.ranks.split(","))]
         with Nodes(base, args.nodes) if args.nodes and rank_counts else contextlib.nullcontext() as nodes:
-            for n in rank_counts:
-                print(f"benchmarking {n} rank(s) of {args.rank_mib} MiB ...", file=sys.stderr, flush=True)
-                rank_rows.append(bench_ranks(base, n, args.rank_mib, nodes))
+            for rep in range(args.rank_repeats):
+                for n in rank_counts:
+                    print(f"benchmarking {n} rank(s) of {args.rank_mib} MiB ({rep + 1}) ...", file=sys.stderr,
+                          flush=True)  # fmt: skip
+                    rank_rows.append(bench_ranks(base, n, args.rank_mib, nodes))
         rows += rank_rows
         for mib in (int(x) for x in filter(None, args.dedup.split(","))):
             for on in (False, True):
@@ -939,6 +975,11 @@ def main() -> int:
         text += "\nThe barrier's own cost against the number of ranks (a full checkpoint each):\n\n" + ranks_table(
             rank_rows
         )
+        if args.rank_repeats > 1:
+            text += (
+                f"\nThe same, by the medians of {args.rank_repeats} fresh jobs per rank count (min-max), "
+                "and their ratios to the fewest ranks' medians:\n\n" + rank_medians_table(rank_rows)
+            )
     if inc_rows:
         text += "\nIncremental checkpoints:\n\n" + incremental_table(inc_rows)
     if dedup_rows:
