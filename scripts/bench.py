@@ -439,14 +439,15 @@ def daemons_cpu(nodes: Nodes | None) -> tuple[float, float]:
     return cpu(nodes.coordinator.pid), sum(cpu(a.pid) for a in nodes.cluster.agents.values())
 
 
-def bench_ranks(base: Path, nranks: int, mib: int, nodes: Nodes | None = None) -> dict[str, float]:
+def bench_ranks(base: Path, nranks: int, mib: int, nodes: Nodes | None = None, rep: int = 0) -> dict[str, float]:
     """A job of nranks ranks of mib MiB each: checkpoint, pause, restart;
-    with nodes, spread over its namespace nodes (one agent each)."""
+    with nodes, spread over its namespace nodes (one agent each); rep: the
+    how-manieth job of that many ranks (--rank-repeats)."""
     w, r = raw_baseline(base, (mib << 20) * nranks)
     c = Ckptd(base / "home")
     if nodes is not None:
         c.env = dict(nodes.env)
-    job = f"ranks-{nranks}x{mib}"
+    job = f"ranks-{nranks}x{mib}" + (f"-{rep}" if rep else "")
     ckpt_dir = base / "ckpt"
     c.run("ckptd", "launch", "--detach", "--job", job, "--ckpt-dir", str(ckpt_dir), "--ranks", str(nranks),
           "--", sys.executable, str(RANK_WORKLOAD), str(mib))  # fmt: skip
@@ -925,7 +926,7 @@ def main() -> int:
                 for n in rank_counts:
                     print(f"benchmarking {n} rank(s) of {args.rank_mib} MiB ({rep + 1}) ...", file=sys.stderr,
                           flush=True)  # fmt: skip
-                    rank_rows.append(bench_ranks(base, n, args.rank_mib, nodes))
+                    rank_rows.append(bench_ranks(base, n, args.rank_mib, nodes, rep))
         rows += rank_rows
         for mib in (int(x) for x in filter(None, args.dedup.split(","))):
             for on in (False, True):
