@@ -204,6 +204,19 @@ def store(tmp_path: Path) -> Iterator[faultfs.FaultFS]:
         fs.close()
 
 
+PAGES = f"/{JOB}/ckpt-000001/proc-*/pages.img"  # the memory images a lazy fill reads, on the faultfs
+
+
+def lazily_restarted(ckptd: Ckptd, store: faultfs.FaultFS, tmp_path: Path, fault_job: str) -> Cell:
+    """The fault job on store, past its checkpoint, killed and restarted --lazy (slowly filled)."""
+    ckptd.env["CKPTD_LAZY_FILL_DELAY_MS"] = "100"  # 24 MiB in some 20 s: a fault lands mid-fill
+    cell = Cell(ckptd, tmp_path, fault_job, "--ckpt-dir", str(store.mountpoint))
+    cell.runs_on()
+    ckptd.kill9(JOB)
+    ckptd.ctl("restart", JOB, "--lazy")
+    return cell
+
+
 def mapping(root: Path) -> list[int]:
     """The processes that map a file under root (a lazy restore's pagers map its images)."""
     pids = []
@@ -224,14 +237,9 @@ def mapping(root: Path) -> list[int]:
 def test_storage_fails_during_a_lazy_fill(
     ckptd: Ckptd, store: faultfs.FaultFS, tmp_path: Path, fault_job: str, err: str
 ) -> None:
-    ckptd.env["CKPTD_LAZY_FILL_DELAY_MS"] = "100"  # 24 MiB in some 20 s: the fault lands mid-fill
-    cell = Cell(ckptd, tmp_path, fault_job, "--ckpt-dir", str(store.mountpoint))
-    cell.runs_on()
-    ckptd.kill9(JOB)
-    ckptd.ctl("restart", JOB, "--lazy")
-    pages = f"/{JOB}/ckpt-000001/proc-*/pages.img"
+    cell = lazily_restarted(ckptd, store, tmp_path, fault_job)
     images = sorted((store.mountpoint / JOB / "ckpt-000001").glob("proc-*/pages.img"))
-    store.set(err, ops="read", pattern=pages, calls=["read"], spread=err == "ENOTCONN")
+    store.set(err, ops="read", pattern=PAGES, calls=["read"], spread=err == "ENOTCONN")
     # an open drops a FUSE file's cached pages: every later read reaches the faultfs
     for img in images:
         try:
@@ -272,13 +280,9 @@ BLIP = 10
 def test_storage_that_fails_for_a_moment_under_a_lazy_fill(
     ckptd: Ckptd, store: faultfs.FaultFS, tmp_path: Path, fault_job: str
 ) -> None:
-    ckptd.env["CKPTD_LAZY_FILL_DELAY_MS"] = "100"  # 24 MiB in some 20 s: the fault lands mid-fill
-    cell = Cell(ckptd, tmp_path, fault_job, "--ckpt-dir", str(store.mountpoint))
-    cell.runs_on()
-    ckptd.kill9(JOB)
-    ckptd.ctl("restart", JOB, "--lazy")
+    cell = lazily_restarted(ckptd, store, tmp_path, fault_job)
     # ten reads fail, then the storage is back: more than the kernel's own retries of a page-in absorb
-    store.set("EIO", ops="read", pattern=f"/{JOB}/ckpt-000001/proc-*/pages.img", calls=["read"], times=BLIP)
+    store.set("EIO", ops="read", pattern=PAGES, calls=["read"], times=BLIP)
     for img in sorted((store.mountpoint / JOB / "ckpt-000001").glob("proc-*/pages.img")):
         with contextlib.suppress(OSError):  # (the fill may read first and take the one fault)
             img.open("rb").close()  # an open drops a FUSE file's cached pages: later reads reach the faultfs
