@@ -31,6 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -65,6 +66,9 @@ DUMP_TIMEOUT_S = float(os.environ.get("CKPTD_DUMP_TIMEOUT_S") or 6 * 3600.0)
 RELEASE_TIMEOUT_S = float(os.environ.get("CKPTD_RELEASE_TIMEOUT_S") or 30.0)
 MAX_QUIESCE_PASSES = 20
 PREMAP_TIMEOUT_S = 2.0  # reading smaps early; skipped past this
+# a ready step's findings serve the prepare that follows it this soon (a
+# round's next phase, a moment later), never a later round's
+READY_FRESH_S = 30.0
 SETTLE_MS = 500  # how long unsent TCP bytes may take to leave (a delayed ACK is up to 200 ms)
 DUMP_PARALLEL = 8
 # FLUSH is what lets a process's writer start (native/shim/writeout.c: each
@@ -187,6 +191,24 @@ def _cannot_save(job: JobRuntime, pid: int, why: str) -> CkptdError:
     )
 
 
+@dataclass
+class Ready:
+    """What a round's ready step found while the job still ran
+    (Checkpointer.ready), for the prepare and the dump that follow."""
+
+    ckpt_id: int
+    at: float  # time.monotonic(): a ready older than READY_FRESH_S is not used
+    live: list[int]  # the job's processes (host pids) as its scan found them
+    premapped: set[int]  # those that read their memory map early (PREMAP)
+    sync: str  # why the pages must be written during the pause ("": a writer may fork)
+    total: int  # their anonymous resident bytes: the write's expected size
+
+    def matches(self, ckpt_id: int, pids: Iterable[int] | None = None) -> bool:
+        """For this round, recent, and (pids given) for exactly these processes."""
+        fresh = self.ckpt_id == ckpt_id and time.monotonic() - self.at < READY_FRESH_S
+        return fresh and (pids is None or sorted(pids) == sorted(self.live))
+
+
 class Checkpointer:
     def __init__(self, identities: IdentityCache, transfers: Transfers) -> None:
         self.identities = identities
@@ -199,12 +221,49 @@ class Checkpointer:
         self._device: dict[str, DeviceMemory] = {}  # job -> its CUDA processes' memory, moved to host
         self._cuda_dumped: dict[str, set[int]] = {}  # job -> host pids dumped with their GPU memory
         self._writing: dict[str, list[ShimConnection]] = {}  # job -> processes whose writers may still run
+        self._ready: dict[str, Ready] = {}  # job -> what its round's ready step found, for prepare and dump
         # the image format's parser is built once per process (cffi parsing
         # image_format.h, about 60 ms of CPU): now, not in a job's first pause
         threading.Thread(target=constant, args=("CK_MAX_SOURCES",), name="ckptd-ffi", daemon=True).start()
 
     def parked_jobs(self) -> list[str]:
         return list(self._parked)
+
+    # ---- ready (the job still runs) ----
+
+    def ready(
+        self, job: JobRuntime, ckpt_id: int, timeout_s: float, directory: str, *, check_space: bool = True
+    ) -> None:
+        """Before the pause, on every rank, the job still running: what
+        needs no parked process is done here, once, rather than in every
+        rank's pause, where the ranks sharing a node's cores would wait for
+        each other's (the stall starts after this step): the storage's free
+        space, each process's memory map read early (PREMAP), and whether
+        its pages fit to be copied by a writer (capture_budget).  The
+        prepare and dump that follow use it if the job's processes are the
+        same ones, and do again what changed."""
+        with job.cond:
+            self._ready.pop(job.name, None)
+        self._check_running(job)
+        if job.lazy is not None:  # after restart --lazy: the memory must be whole first (agent/lazy.py)
+            job.lazy.wait(job.name, timeout_s)
+        live = job.live_pids()
+        if check_space:
+            self._check_space(job, directory, live)
+        conns = self._shims_for(job, set(), live)  # a process the shim cannot reach is refused now
+        self._premap(conns)
+        pids = [c.host_pid for c in conns]
+        room = capture_budget.budget(pids)
+        total = sum(resident_anon(p) for p in pids)
+        found = Ready(ckpt_id, time.monotonic(), pids, set(pids), "" if room.fits else room.why(), total)
+        with job.cond:
+            self._ready[job.name] = found
+
+    @staticmethod
+    def _check_running(job: JobRuntime) -> None:
+        with job.cond:
+            if job.state != JobState.RUNNING:
+                raise CkptdError(Code.FAILED_PRECONDITION, f"job {job.name} is {job.state}, not running")
 
     # ---- prepare ----
 
@@ -256,15 +315,18 @@ class Checkpointer:
 
         _side_by_side(one, conns)
 
-    def _quiesce_tree(self, job: JobRuntime, timeout_s: float, live: list[int]) -> tuple[list[ShimConnection], int]:
+    def _quiesce_tree(
+        self, job: JobRuntime, timeout_s: float, live: list[int], premapped: set[int]
+    ) -> tuple[list[ShimConnection], int]:
         """Park every process of the job.  A process that forks while others are
         being parked adds one more: repeat until a pass finds nobody new.  The
-        first pass parks those of `live` (the prepare's scan), each later pass
-        those a new scan finds."""
+        first pass parks those of `live` (the ready's or the prepare's scan),
+        each later pass those a new scan finds.  premapped: those that read
+        their maps early in the ready step."""
         parked: list[ShimConnection] = []
         threads = 0
         new = self._shims_for(job, set(), live)
-        self._premap(new)
+        self._premap([c for c in new if c.host_pid not in premapped])
         try:
             for i in range(MAX_QUIESCE_PASSES):
                 if i:
@@ -314,15 +376,21 @@ class Checkpointer:
     def _prepare(
         self, job: JobRuntime, ckpt_id: int, timeout_s: float, directory: str, check_space: bool
     ) -> pb.PrepareResponse:
+        self._check_running(job)
         with job.cond:
-            if job.state != JobState.RUNNING:
-                raise CkptdError(Code.FAILED_PRECONDITION, f"job {job.name} is {job.state}, not running")
             if job.name in self._parked:
                 raise CkptdError(Code.ABORTED, f"a checkpoint of job {job.name} is already in progress")
+            ready = self._ready.get(job.name)
+        if ready is not None and not ready.matches(ckpt_id):
+            ready = None
         if job.lazy is not None:  # after restart --lazy: the memory must be whole first (agent/lazy.py)
             job.lazy.wait(job.name, timeout_s)
-        live = job.live_pids()  # one scan for the checks below and the first pass of the quiesce
-        if check_space:  # an incremental one needs far less than the resident size; a full disk still fails cleanly
+        # one scan for the checks below and the first pass of the quiesce: the
+        # ready step's, made a moment ago (a process forked since is found by
+        # the quiesce's next pass; one that exited, by its connection)
+        live = ready.live if ready is not None else job.live_pids()
+        if check_space and ready is None:
+            # an incremental one needs far less than the resident size; a full disk still fails cleanly
             self._check_space(job, directory, live)
         with job.cond:
             job.state = JobState.CHECKPOINTING
@@ -331,7 +399,7 @@ class Checkpointer:
             if self._cancelled.get(job.name) == ckpt_id:
                 raise CkptdError(Code.ABORTED, f"checkpoint {ckpt_id} of job {job.name} was aborted before it began")
             self._device_to_host(job, ckpt_id, timeout_s, live)
-            parked, threads = self._quiesce_tree(job, timeout_s, live)
+            parked, threads = self._quiesce_tree(job, timeout_s, live, ready.premapped if ready else set())
         except CkptdError:
             self._device_back(job, quiet=True)  # the first error is the one to report
             self._back_to_running(job)
@@ -487,9 +555,13 @@ class Checkpointer:
             self.drain(job)
         with job.cond:
             job.operation = f"checkpoint {ckpt_id}: writing"
+        with job.cond:
+            ready = self._ready.pop(job.name, None)
+        if ready is not None and not ready.matches(ckpt_id, (c.host_pid for c in conns)):
+            ready = None  # a process forked or exited since: decided again, now
         # a full image holds about the processes' anonymous memory; what an
         # incremental one holds is known only once written
-        total = 0 if request.parent else sum(resident_anon(c.host_pid) for c in conns)
+        total = 0 if request.parent else ready.total if ready else sum(resident_anon(c.host_pid) for c in conns)
         writing = Transfer("writing", total, probe=lambda: _bytes_under(Path(request.dir)))
         # the job's processes, as its owner, pass through the round's directories;
         # so do a root job's processes that write as other ids (and the job's
@@ -508,8 +580,11 @@ class Checkpointer:
         with self.transfers.running(job.name, writing):
             # every process is parked: they write their images side by side
             key = job.key()  # re-read each time: never kept on disk by ckptd
-            room = capture_budget.budget([c.host_pid for c in conns])
-            sync = "" if room.fits else room.why()
+            if ready is not None:
+                sync = ready.sync
+            else:
+                room = capture_budget.budget([c.host_pid for c in conns])
+                sync = "" if room.fits else room.why()
             if sync:
                 log.warning("job %s: checkpoint %d written during the pause: %s", job.name, ckpt_id, sync)
             dumped = _side_by_side(lambda conn: self._dump_one(conn, request, job.owner, key, sync), conns)
@@ -568,6 +643,7 @@ class Checkpointer:
         """The job is stopped while parked (preemption): nothing to release."""
         self._drained.discard(job.name)
         self._parked.pop(job.name, None)
+        self._ready.pop(job.name, None)
         self._dumps.pop(job.name, None)
         self._writing.pop(job.name, None)
         self._device.pop(job.name, None)  # the processes are gone, and their device memory with them
@@ -579,6 +655,7 @@ class Checkpointer:
                 # waiting): what it parks is released as soon as it is done
                 self._cancelled[job.name] = ckpt_id
         self._drained.discard(job.name)
+        self._ready.pop(job.name, None)
         self._release(self._parked.pop(job.name, []), "ABORT")
         self._release(self._writing.pop(job.name, []), "DISCARD")
         self._dumps.pop(job.name, None)

@@ -119,6 +119,16 @@ class AgentService(pb_grpc.AgentServicer):
     def _get_job(self, request: pb.AgentJobRequest) -> pb.JobStatus:
         return self.node.job_status(self.node.get(request.job))
 
+    def _ready(self, request: pb.PrepareRequest) -> pb.PhaseResponse:
+        t0 = time.monotonic()
+        job = self.node.get(request.job)
+        self.node.checkpointer.ready(
+            job, request.checkpoint_id, request.timeout_s or 10.0, request.dir, check_space=not request.incremental
+        )
+        local_s = time.monotonic() - t0
+        job.fault("ready")
+        return pb.PhaseResponse(local_s=local_s)
+
     def _prepare(self, request: pb.PrepareRequest) -> pb.PrepareResponse:
         t0 = time.monotonic()
         job = self.node.get(request.job)
@@ -177,6 +187,7 @@ class AgentService(pb_grpc.AgentServicer):
     # RankStep's and StepReply's field names
     _STEPS: ClassVar[dict[str, Callable[[AgentService, Any], Any]]] = {
         "get_job": _get_job,
+        "ready": _ready,
         "prepare": _prepare,
         "drain": _drain,
         "dump": _dump,

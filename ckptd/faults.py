@@ -1,8 +1,8 @@
 """Fault points: test-only, deterministic injection of a signal at a phase boundary (issue 20).
 
 The coordinator and the agent call ``point(phase, ...)`` at the end of each
-phase of a checkpoint (reserve, prepare, drain, dump, flush, finalize,
-commit, resume), of a restart (verify, rebuild, release, lazy fill) and of an
+phase of a checkpoint (reserve, ready, prepare, drain, dump, flush,
+finalize, commit, resume), of a restart (verify, rebuild, release, lazy fill) and of an
 upload to the shared tier (upload).  With ``CKPTD_FAULT`` unset, ``point``
 returns at once: one test of a module global.
 

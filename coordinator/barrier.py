@@ -8,6 +8,11 @@ its node's targets (RankStep):
 
     0 reserve   next id; create <job dir>/.ckpt-N.tmp-XXXX (fails early on
                 read-only or missing storage, before the job is touched)
+      ready     the job still runs: every rank checks the storage's free
+                space, has its processes read their memory maps early
+                (PREMAP) and decides whether their pages fit a writer's
+                copy on write (step ready), so that no rank's pause waits
+                for another's reads on a shared core; the stall starts after
     1 prepare   every rank quiesces: all its processes parked (step prepare)
     2 drain     every rank lets its unsent TCP bytes leave into its parked
                 peers' receive queues (step drain); connections between
@@ -228,21 +233,17 @@ class CheckpointRound:
         def request(t: Target) -> pb.ResumeRequest:
             return pb.ResumeRequest(job=t.name, checkpoint_id=ckpt_id)
 
-        try:
-            t_pause = mark[0]
-            parked = dict(stubs)  # an abort releases every rank, parked or not
-            prep = phase(
-                "prepare",
-                "quiescing",
-                lambda t: pb.PrepareRequest(
-                    job=t.name,
-                    checkpoint_id=ckpt_id,
-                    timeout_s=self.timeout_s,
-                    dir=str(dirs[t]),
-                    incremental=bool(parent),
-                ),
-                self.timeout_s + 30,
+        def prepare(t: Target) -> pb.PrepareRequest:
+            return pb.PrepareRequest(
+                job=t.name, checkpoint_id=ckpt_id, timeout_s=self.timeout_s, dir=str(dirs[t]), incremental=bool(parent)
             )
+
+        try:
+            # the job still runs: each rank's checks and early reads, once for all (agent ready)
+            phase("ready", "getting ready", prepare, self.timeout_s + 30)
+            t_pause, first = mark[0], len(phases)  # the stall's phases: phases[first:]
+            parked = dict(stubs)  # an abort releases every rank, parked or not
+            prep = phase("prepare", "quiescing", prepare, self.timeout_s + 30)
             phase("drain", "draining bytes in flight", request, 60)
             dumps = phase(
                 "dump",
@@ -268,10 +269,10 @@ class CheckpointRound:
                 close("resume")  # none: the ranks stay parked until stopped
             timings["stall_s"] = mark[0] - t_pause  # as seen from outside: an upper bound
             # the stall in which no rank was at its own work (Phase.busy_s)
-            timings["protocol_s"] = max(0.0, timings["stall_s"] - sum(p.busy_s for p in phases[1:]))
+            timings["protocol_s"] = max(0.0, timings["stall_s"] - sum(p.busy_s for p in phases[first:]))
             # the stall less the slowest rank's own time in each phase: as if
             # every rank had a core of its own (before 2026-11-29, protocol_s)
-            timings["protocol_slowest_s"] = max(0.0, timings["stall_s"] - sum(p.local_s for p in phases[1:]))
+            timings["protocol_slowest_s"] = max(0.0, timings["stall_s"] - sum(p.local_s for p in phases[first:]))
             # with --dedup, ranks other than 0 store only what rank 0's images do not hold
             rank0 = next((t for t in targets if t.rank and t.rank.rank == 0), None)
 

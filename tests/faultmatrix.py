@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 # The columns, in the order a checkpoint, a restart and an upload go through them.
-CHECKPOINT_PHASES = ("reserve", "prepare", "drain", "dump", "flush", "finalize", "commit", "resume")
+CHECKPOINT_PHASES = ("reserve", "ready", "prepare", "drain", "dump", "flush", "finalize", "commit", "resume")
 RESTART_PHASES = ("verify", "rebuild", "release", "lazy fill")
 OTHER_PHASES = ("upload", "any")
 PHASES = CHECKPOINT_PHASES + RESTART_PHASES + OTHER_PHASES

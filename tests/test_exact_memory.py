@@ -6,11 +6,15 @@ each from inside at every step, through a checkpoint, kill -9 and restart."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import time
 from pathlib import Path
 
 import pytest
-from conftest import Ckptd, compile_workload, exact_round_trip, kill_restart_finish, run_plain
+from conftest import PYTHON, Ckptd, compile_workload, exact_round_trip, kill_restart_finish, run_plain
+from test_capture import checkpoint_stopped_at
 
 STEPS = "60"
 
@@ -66,6 +70,71 @@ def test_memfd_name_mode_and_seals(ckptd: Ckptd, exact_memory: str) -> None:
 
 def test_madvise_advice(ckptd: Ckptd, exact_memory: str) -> None:
     exact_round_trip(ckptd, "madvise", [exact_memory, STEPS, "madvise"])
+
+
+# advises its mapping once the trigger file appears; prints the mapping's
+# VmFlags (from its own smaps) at every tick
+ADVISED_LATE = r"""
+import ctypes, mmap, os, sys, time
+trigger, ticks = sys.argv[1], int(sys.argv[2])
+m = mmap.mmap(-1, 1 << 20)
+m[:4] = b"data"
+start = f"{ctypes.addressof(ctypes.c_char.from_buffer(m)):x}-"
+
+def flags():
+    with open("/proc/self/smaps") as f:
+        lines = f.read().splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith(start))
+    vm = next(line for line in lines[at + 1 :] if line.startswith("VmFlags:"))
+    return " ".join(sorted(x for x in vm.split()[1:] if x in ("dd", "lo", "rr")))
+
+for i in range(ticks):
+    if os.path.exists(trigger):
+        m.madvise(mmap.MADV_DONTDUMP)
+        m.madvise(mmap.MADV_RANDOM)
+        assert ctypes.CDLL(None, use_errno=True).mlock(ctypes.c_void_p(int(start[:-1], 16)), 1 << 20) == 0
+        os.unlink(trigger)
+        print("advised", flush=True)
+    print(f"tick {i} [{flags()}]", flush=True)
+    time.sleep(0.05)
+print("done", flush=True)
+"""
+
+
+def test_advice_given_after_the_early_maps_read(ckptd: Ckptd, tmp_path: Path) -> None:
+    """Each process reads its memory map (smaps) early, in the round's ready
+    step, while the job still runs: advice given to a whole mapping after
+    that read (madvise, mlock: VmFlags dd, rr, lo) changes no line the dump compares
+    with the early copy.  The daemon is stopped after the ready step, the
+    program advises its mapping meanwhile, and the checkpoint goes on: the
+    dump must read the maps again (the shim counts madvise calls), or the
+    restored mapping comes back without its advice and lock."""
+    c = ckptd
+    fault, trigger = tmp_path / "fault", tmp_path / "trigger"
+    c.env["CKPTD_FAULT"] = f"@{fault}"  # read by the daemon, which the first command starts
+    c.launch("advise", [PYTHON, "-c", ADVISED_LATE, str(trigger), "160"])
+    c.wait_log("advise", r"^tick 3 \[\]$")
+    log = c.log_file("advise")  # read directly: no command is answered while the daemon is stopped
+    p, daemon = checkpoint_stopped_at(c, fault, "advise", "ready")
+    try:
+        trigger.touch()
+        deadline = time.monotonic() + 30
+        while b"advised" not in log.read_bytes():
+            assert time.monotonic() < deadline, "the program never advised its mapping"
+            time.sleep(0.05)
+    finally:
+        os.kill(daemon, signal.SIGCONT)
+    out, _ = p.communicate(timeout=120)
+    assert p.returncode == 0, out
+    taken = json.loads(out)
+    c.kill9("advise")
+    c.ctl("restart", "advise", "--from", str(taken["id"]))
+    assert c.wait("advise") == 0
+    lines = c.log("advise").splitlines()
+    after = lines[lines.index("advised") + 1 :]
+    assert after[-1] == "done" and len(after) > 100, lines
+    # every tick after the advice, before the checkpoint and after the restart, has it
+    assert all(line.endswith("[dd lo rr]") for line in after[:-1]), [x for x in after[:-1] if "[dd lo rr]" not in x]
 
 
 def test_membarrier_registrations(ckptd: Ckptd, exact_memory: str) -> None:

@@ -169,7 +169,7 @@ def cells(fault: str, phases: tuple[str, ...], promise: str, slow: tuple[str, ..
 
 # ---- the daemon (coordinator and agent in one process) ----
 
-CHECKPOINT = ("reserve", "prepare", "drain", "dump", "flush", "finalize", "commit", "resume")
+CHECKPOINT = ("reserve", "ready", "prepare", "drain", "dump", "flush", "finalize", "commit", "resume")
 
 
 @pytest.mark.parametrize("phase", cells("SIGKILL daemon", CHECKPOINT, KILLED + LAST_GOOD, slow=CHECKPOINT[1:-1]))
@@ -212,7 +212,7 @@ def test_daemon_hung_during_a_checkpoint(ckptd: Ckptd, tmp_path: Path, fault_job
 
 # ---- the job's own processes ----
 
-AGENT_CHECKPOINT = ("prepare", "drain", "dump", "flush", "finalize", "resume")
+AGENT_CHECKPOINT = ("ready", "prepare", "drain", "dump", "flush", "finalize", "resume")
 
 
 @pytest.mark.parametrize(

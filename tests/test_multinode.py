@@ -293,7 +293,7 @@ def test_four_ranks_auto_restart_after_node_death(three_nodes: MultiNode) -> Non
     taken = m.checkpoint("dp4")
     # each phase is one request per node (Agent.Steps), not one per rank: 3, not 4
     sent = {p["name"]: p["requests"] for p in taken["phases"] if p["requests"]}
-    assert sent == dict.fromkeys(["prepare", "drain", "dump", "resume", "finalize"], 3), taken["phases"]
+    assert sent == dict.fromkeys(["ready", "prepare", "drain", "dump", "resume", "finalize"], 3), taken["phases"]
     m.wait_line("dp4", 3, b"step   60")
     m.cluster.kill_node("c")
     # nobody calls restart: the coordinator notices the dead node and moves rank 2

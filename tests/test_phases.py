@@ -1,5 +1,5 @@
-"""Every checkpoint records its round's phases (reserve, prepare, drain,
-dump, resume, finalize, commit): each one's time at the coordinator, the
+"""Every checkpoint records its round's phases (reserve, ready, prepare,
+drain, dump, resume, finalize, commit): each one's time at the coordinator, the
 slowest rank's own time in it, and where the rest went (sending the
 requests, one per node whatever its ranks, the worst round trip less its
 rank's own time), in its manifest and in `ckptctl list --json`.
@@ -25,9 +25,9 @@ from ckptd.paths import Home, default_node
 from ckptd.rpc import agent_stub, call
 from ckptd.v1 import ckptd_pb2 as pb
 
-PHASES = ["reserve", "prepare", "drain", "dump", "resume", "finalize", "commit"]
-STALL = PHASES[1:5]
-RANK_WORK = ["prepare", "drain", "dump", "resume", "finalize"]  # where the agents take part
+PHASES = ["reserve", "ready", "prepare", "drain", "dump", "resume", "finalize", "commit"]
+STALL = PHASES[2:6]  # ready runs before the pause: the job still runs
+RANK_WORK = ["ready", "prepare", "drain", "dump", "resume", "finalize"]  # where the agents take part
 
 
 def check_phases(info: dict[str, Any], nodes: int = 1) -> dict[str, dict[str, float]]:

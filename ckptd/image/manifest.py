@@ -158,8 +158,9 @@ class Chain:
 @dataclass
 class Phase:
     """One phase of the round that made the checkpoint ("phases", in order:
-    reserve, prepare, drain, dump, resume, finalize, commit).  Back to back,
-    they add up to timings.total_s; prepare to resume is the stall."""
+    reserve, ready, prepare, drain, dump, resume, finalize, commit).  Back to
+    back, they add up to timings.total_s; prepare to resume is the stall
+    (ready runs before it, the job still running)."""
 
     name: str
     rpc_s: float  # at the coordinator: the whole phase, every node's request in it

@@ -522,10 +522,20 @@ static int on_mapping(const struct ck_map_entry *e, void *vctx)
  * of milliseconds for gigabytes: the agent has it read (PREMAP) before the
  * process is parked.  The dump then reads /proc/self/maps, which is cheap,
  * and uses the early copy if the mappings are still the same ones (their
- * header lines match one for one); else it reads smaps again.  What the
- * early copy can miss is advice (madvise) given in between, on a mapping
- * whose range did not change. */
+ * header lines match one for one) and no advice was given since (below);
+ * else it reads smaps again. */
 static long premaps_len = -1;
+
+/* Advice and locks given to a whole mapping (madvise, mlock: VmFlags such
+ * as dd, wf, dc, lo) leave its header line alone, and the early copy would
+ * miss them: the agent reads it a phase before the pause (agent/checkpoint.py
+ * ready), while the job runs on.  Every such call made through libc counts
+ * here (interpose.c), and a copy read before the latest one is not used.
+ * A raw syscall(SYS_madvise) goes unseen, as before. */
+static unsigned long advice_calls;  /* so far */
+static unsigned long premaps_calls; /* when the early copy began */
+
+void ck_premaps_stale(void) { __atomic_add_fetch(&advice_calls, 1, __ATOMIC_SEQ_CST); }
 
 int ck_premaps_capture(void)
 {
@@ -534,6 +544,8 @@ int ck_premaps_capture(void)
     premaps_len = -1;
     if (!buf)
         return -1;
+    /* before the read: a call made while smaps is read makes the copy stale */
+    premaps_calls = __atomic_load_n(&advice_calls, __ATOMIC_SEQ_CST);
     long n = ck_read_file("/proc/self/smaps", buf, cap);
     if (n < 0)
         return (int)n;
@@ -553,7 +565,7 @@ static const char *premaps_if_current(const char *maps, long n, long *len)
     const char *sm = ck_arena_premaps(&cap);
     long sl = premaps_len;
     premaps_len = -1;  /* good for one dump */
-    if (!sm || sl < 0)
+    if (!sm || sl < 0 || __atomic_load_n(&advice_calls, __ATOMIC_SEQ_CST) != premaps_calls)
         return 0;
     long i = 0, j = 0;
     while (i < n) {

@@ -10,6 +10,9 @@
  *  - sigaction also puts a counter in front of the program's handlers, and
  *    the calls a checkpoint interrupts are resumed: eintr.c.
  *  - sigaction(SIGTERM): a SIG_DFL is held for the agent: sigterm.c.
+ *  - madvise and posix_madvise of advice that changes VmFlags, and the
+ *    mlock family: counted, so that a memory map read before them is not
+ *    used for the dump (dump_mem.c).
  *
  * The real functions are found with dlsym(RTLD_NEXT) once, in the
  * constructor, before the program runs; open() goes straight to the
@@ -23,6 +26,7 @@
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <sys/mman.h>
 
 #define CK_EXPORT __attribute__((visibility("default")))
 
@@ -227,4 +231,78 @@ CK_EXPORT long syscall(long n, ...)
         return -1;
     }
     return rc;
+}
+
+/* ---- advice and locks: the early maps copy cannot see them (dump_mem.c) ---- */
+
+static int sys_result(long rc)
+{
+    if (rc < 0) {
+        errno = (int)-rc;
+        return -1;
+    }
+    return (int)rc;
+}
+
+/* the advice that changes a mapping's VmFlags; the rest (DONTNEED, FREE,
+ * WILLNEED, COLD, PAGEOUT, POPULATE_*: what allocators give all the time)
+ * changes pages, which the dump reads as they are in the pause anyway */
+static int flags_advice(int advice)
+{
+    switch (advice) {
+    case MADV_NORMAL: case MADV_RANDOM: case MADV_SEQUENTIAL:
+    case MADV_DONTFORK: case MADV_DOFORK: case MADV_DONTDUMP: case MADV_DODUMP:
+    case MADV_MERGEABLE: case MADV_UNMERGEABLE: case MADV_HUGEPAGE: case MADV_NOHUGEPAGE:
+    case MADV_WIPEONFORK: case MADV_KEEPONFORK:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+CK_EXPORT int madvise(void *addr, size_t len, int advice)
+{
+    if (flags_advice(advice))
+        ck_premaps_stale();
+    return sys_result(ck_madvise(addr, len, advice));
+}
+
+CK_EXPORT int posix_madvise(void *addr, size_t len, int advice)
+{
+    if (advice == POSIX_MADV_DONTNEED)
+        return 0; /* as glibc: it would discard data, which POSIX does not allow */
+    if (flags_advice(advice))
+        ck_premaps_stale();
+    long rc = ck_madvise(addr, len, advice);
+    return rc < 0 ? (int)-rc : 0; /* an error number, not -1 and errno */
+}
+
+CK_EXPORT int mlock(const void *addr, size_t len)
+{
+    ck_premaps_stale();
+    return sys_result(ck_sc2(SYS_mlock, addr, len));
+}
+
+CK_EXPORT int mlock2(const void *addr, size_t len, unsigned int flags)
+{
+    ck_premaps_stale();
+    return sys_result(ck_sc3(SYS_mlock2, addr, len, flags));
+}
+
+CK_EXPORT int munlock(const void *addr, size_t len)
+{
+    ck_premaps_stale();
+    return sys_result(ck_sc2(SYS_munlock, addr, len));
+}
+
+CK_EXPORT int mlockall(int flags)
+{
+    ck_premaps_stale();
+    return sys_result(ck_sc1(SYS_mlockall, flags));
+}
+
+CK_EXPORT int munlockall(void)
+{
+    ck_premaps_stale();
+    return sys_result(ck_sc0(SYS_munlockall));
 }

@@ -260,6 +260,8 @@ int ck_dedup_end(struct ck_dedup *dd) CK_HIDDEN;
 /* ---- dump_mem.c ---- */
 /* read smaps while the job still runs: parsing it is slow for big mappings */
 int ck_premaps_capture(void) CK_HIDDEN;
+/* madvise or mlock was called: the early copy may be stale (dump_mem.c) */
+void ck_premaps_stale(void) CK_HIDDEN;
 int ck_dump_memory(struct ck_image *im, uint64_t *pages_bytes, uint64_t *files_bytes, uint64_t *ref_bytes) CK_HIDDEN;
 
 /* ---- dump_fds.c ---- */
