@@ -235,6 +235,20 @@ class Ckptd:
         for pid in self.init_pids() + self.daemon_pids():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        self._remove_run_dirs()
+
+    def _remove_run_dirs(self) -> None:
+        """A home's runtime directory (daemon.lock, sockets) outlives its daemon,
+        for the next one of that home (ckptd/paths.py); a test's home is used
+        once, so its directory goes with it instead of piling up in /tmp."""
+        from ckptd.paths import Home
+
+        deadline = time.monotonic() + 10
+        while self.daemon_pids() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        ours = Home(self.home).run_dir  # ckptd-<uid>-<tag>, for this process's uid
+        for uid in {os.getuid(), *(self.user[:1] if self.user else ())}:
+            shutil.rmtree(ours.with_name(f"ckptd-{uid}-{ours.name.rsplit('-', 1)[1]}"), ignore_errors=True)
 
 
 def kill_restart_twice(c: Ckptd, job: str, mark: Callable[[int], str], at: tuple[int, ...]) -> list[dict]:
