@@ -69,7 +69,8 @@ def test_checkpoint_in_flight_is_listed_and_shows_its_bytes(ckptd: Ckptd) -> Non
         assert row.split()[:2] == ["2", "ckpt-000002"], row
         # what scripts read stays the committed checkpoints only, and a restart cannot pick it
         assert [i["id"] for i in c.ctl_json("list", "obs")] == [first["id"]]
-        assert "quiescing" in status().operation
+        # the ready step first (its early maps read gives the frozen process 2 s), then the pause
+        wait_until("quiescing", lambda: status().operation == "checkpoint 2: quiescing")
         watch = subprocess.Popen(
             [CKPTCTL, "status", "obs", "--watch"], env=c.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
