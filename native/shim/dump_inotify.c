@@ -25,21 +25,12 @@
 /* per descriptor number: the highest wd given out plus one; 0: not made here */
 static int32_t next_wd[TRACKED_FDS];
 
-static int done(long rc)
-{
-    if (rc < 0) {
-        errno = (int)-rc;
-        return -1;
-    }
-    return (int)rc;
-}
-
 CK_EXPORT int inotify_init1(int flags)
 {
     long fd = ck_sc1(SYS_inotify_init1, flags);
     if (fd >= 0 && fd < TRACKED_FDS)
         __atomic_store_n(&next_wd[fd], 1, __ATOMIC_RELEASE);
-    return done(fd);
+    return ck_libc_int(fd);
 }
 
 CK_EXPORT int inotify_init(void)
@@ -55,7 +46,7 @@ CK_EXPORT int inotify_add_watch(int fd, const char *path, uint32_t mask)
         if (now && wd + 1 > now)
             __atomic_store_n(&next_wd[fd], (int32_t)(wd + 1), __ATOMIC_RELEASE);
     }
-    return done(wd);
+    return ck_libc_int(wd);
 }
 
 /* a word "key:HEX" of a line */

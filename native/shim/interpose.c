@@ -235,15 +235,6 @@ CK_EXPORT long syscall(long n, ...)
 
 /* ---- advice and locks: the early maps copy cannot see them (dump_mem.c) ---- */
 
-static int sys_result(long rc)
-{
-    if (rc < 0) {
-        errno = (int)-rc;
-        return -1;
-    }
-    return (int)rc;
-}
-
 /* the advice that changes a mapping's VmFlags; the rest (DONTNEED, FREE,
  * WILLNEED, COLD, PAGEOUT, POPULATE_*: what allocators give all the time)
  * changes pages, which the dump reads as they are in the pause anyway */
@@ -264,7 +255,7 @@ CK_EXPORT int madvise(void *addr, size_t len, int advice)
 {
     if (flags_advice(advice))
         ck_premaps_stale();
-    return sys_result(ck_madvise(addr, len, advice));
+    return ck_libc_int(ck_madvise(addr, len, advice));
 }
 
 CK_EXPORT int posix_madvise(void *addr, size_t len, int advice)
@@ -280,29 +271,29 @@ CK_EXPORT int posix_madvise(void *addr, size_t len, int advice)
 CK_EXPORT int mlock(const void *addr, size_t len)
 {
     ck_premaps_stale();
-    return sys_result(ck_sc2(SYS_mlock, addr, len));
+    return ck_libc_int(ck_sc2(SYS_mlock, addr, len));
 }
 
 CK_EXPORT int mlock2(const void *addr, size_t len, unsigned int flags)
 {
     ck_premaps_stale();
-    return sys_result(ck_sc3(SYS_mlock2, addr, len, flags));
+    return ck_libc_int(ck_sc3(SYS_mlock2, addr, len, flags));
 }
 
 CK_EXPORT int munlock(const void *addr, size_t len)
 {
     ck_premaps_stale();
-    return sys_result(ck_sc2(SYS_munlock, addr, len));
+    return ck_libc_int(ck_sc2(SYS_munlock, addr, len));
 }
 
 CK_EXPORT int mlockall(int flags)
 {
     ck_premaps_stale();
-    return sys_result(ck_sc1(SYS_mlockall, flags));
+    return ck_libc_int(ck_sc1(SYS_mlockall, flags));
 }
 
 CK_EXPORT int munlockall(void)
 {
     ck_premaps_stale();
-    return sys_result(ck_sc0(SYS_munlockall));
+    return ck_libc_int(ck_sc0(SYS_munlockall));
 }

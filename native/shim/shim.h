@@ -11,6 +11,7 @@
 #ifndef CKPTD_SHIM_H
 #define CKPTD_SHIM_H
 
+#include <errno.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -260,6 +261,17 @@ int ck_dedup_end(struct ck_dedup *dd) CK_HIDDEN;
 /* ---- dump_mem.c ---- */
 /* read smaps while the job still runs: parsing it is slow for big mappings */
 int ck_premaps_capture(void) CK_HIDDEN;
+/* a raw system call's result as the libc function it stands in for returns
+ * it: -1 with errno set on failure (the shim's own libc entry points) */
+static inline int ck_libc_int(long rc)
+{
+    if (rc < 0) {
+        errno = (int)-rc;
+        return -1;
+    }
+    return (int)rc;
+}
+
 /* madvise or mlock was called: the early copy may be stale (dump_mem.c) */
 void ck_premaps_stale(void) CK_HIDDEN;
 int ck_dump_memory(struct ck_image *im, uint64_t *pages_bytes, uint64_t *files_bytes, uint64_t *ref_bytes) CK_HIDDEN;
