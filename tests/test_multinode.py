@@ -284,7 +284,9 @@ def test_four_ranks_auto_restart_after_node_death(three_nodes: MultiNode) -> Non
     """Acceptance: 4 ranks on 3 nodes with --auto-restart: node c dies and the
     coordinator brings the job back on its own; the result is identical."""
     m = three_nodes
-    args = ["--steps", "140", "--delay", "0.02", "--dim", "8192"]
+    # long enough after step 60 that node c dies before the job ends: with 140
+    # steps a slow round let the job finish first (exited 0, nothing to restart)
+    args = ["--steps", "300", "--delay", "0.02", "--dim", "8192"]
     expected = plain_run(4, args)
     m.launch("dp4", [PYTHON, DP, *args], "--ranks", "4", "--nodes", "a,b,c", "--auto-restart")
     st = m.status("dp4")
@@ -296,6 +298,7 @@ def test_four_ranks_auto_restart_after_node_death(three_nodes: MultiNode) -> Non
     assert sent == dict.fromkeys(["ready", "prepare", "drain", "dump", "resume", "finalize"], 3), taken["phases"]
     m.wait_line("dp4", 3, b"step   60")
     m.cluster.kill_node("c")
+    assert b"step  299" not in m.rank_output("dp4", 3), "the job ended before node c died"
     # nobody calls restart: the coordinator notices the dead node and moves rank 2
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
