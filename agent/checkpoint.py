@@ -198,8 +198,7 @@ class Ready:
 
     ckpt_id: int
     at: float  # time.monotonic(): a ready older than READY_FRESH_S is not used
-    live: list[int]  # the job's processes (host pids) as its scan found them
-    premapped: set[int]  # those that read their memory map early (PREMAP)
+    live: list[int]  # the job's processes (host pids) as its scan found them; each was sent PREMAP
     sync: str  # why the pages must be written during the pause ("": a writer may fork)
     total: int  # their anonymous resident bytes: the write's expected size
 
@@ -255,7 +254,7 @@ class Checkpointer:
         pids = [c.host_pid for c in conns]
         room = capture_budget.budget(pids)
         total = sum(resident_anon(p) for p in pids)
-        found = Ready(ckpt_id, time.monotonic(), pids, set(pids), "" if room.fits else room.why(), total)
+        found = Ready(ckpt_id, time.monotonic(), pids, "" if room.fits else room.why(), total)
         with job.cond:
             self._ready[job.name] = found
 
@@ -399,7 +398,7 @@ class Checkpointer:
             if self._cancelled.get(job.name) == ckpt_id:
                 raise CkptdError(Code.ABORTED, f"checkpoint {ckpt_id} of job {job.name} was aborted before it began")
             self._device_to_host(job, ckpt_id, timeout_s, live)
-            parked, threads = self._quiesce_tree(job, timeout_s, live, ready.premapped if ready else set())
+            parked, threads = self._quiesce_tree(job, timeout_s, live, set(ready.live) if ready else set())
         except CkptdError:
             self._device_back(job, quiet=True)  # the first error is the one to report
             self._back_to_running(job)
@@ -555,7 +554,6 @@ class Checkpointer:
             self.drain(job)
         with job.cond:
             job.operation = f"checkpoint {ckpt_id}: writing"
-        with job.cond:
             ready = self._ready.pop(job.name, None)
         if ready is not None and not ready.matches(ckpt_id, (c.host_pid for c in conns)):
             ready = None  # a process forked or exited since: decided again, now
