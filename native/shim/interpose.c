@@ -59,10 +59,8 @@ static int owned_signal(int sig) { return ck_shim.active && sig == ck_shim.quies
 
 static int after_open(long rc, int flags)
 {
-    if (rc < 0) {
-        errno = (int)-rc;
-        return -1;
-    }
+    if (rc < 0)
+        return ck_libc_int(rc);
     if ((flags & O_ACCMODE) != O_RDONLY || (flags & (O_TRUNC | O_CREAT)))
         ck_files_track_fd((int)rc);
     return (int)rc;
