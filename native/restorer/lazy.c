@@ -233,12 +233,21 @@ static void finish(void)
     ck_exit_group(0);
 }
 
+static long now_ms(void)
+{
+    struct timespec ts;
+    ck_clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
 static long image_byte_again(uint64_t src, uint32_t *source);
 static void image_unreadable(uint32_t source, long rc) __attribute__((noreturn));
 
 /* how often one copy is tried again after an EFAULT whose byte then reads
  * (storage that failed for a moment, its page now in the page cache) */
 #define COPY_RETRIES 3
+/* how long a byte of the image is read again before the pager gives up */
+#define BYTE_AGAIN_MS 10000
 
 /* [dst, dst+len) filled: UFFDIO_COPY from src, straight from the page
  * cache (no copy through a buffer), or with src 0 UFFDIO_ZEROPAGE.
@@ -306,10 +315,12 @@ static struct {
 /* A copy from a memory image's mapping failed with EFAULT: storage that
  * returns EIO, or that went away, under a page not yet read in.  A read of
  * that very byte says which (the copy only says EFAULT), and is tried again
- * for some 3 s (50 ms, doubling): storage that comes back by itself (a
- * network filesystem's server, a retried I/O) costs the job a wait, not
- * its run.  1 once the byte reads; else the last read's error.  *source:
- * the image it is in. */
+ * for some 10 s (50 ms, doubling, then every second): storage that comes
+ * back by itself (a network filesystem's server, a retried I/O) costs the
+ * job a wait, not its run.  Bounded by time, not by a count of reads: one
+ * read of the byte can be several reads of the storage (readahead), or
+ * none.  1 once the byte reads; else the last read's error.  *source: the
+ * image it is in. */
 static long image_byte_again(uint64_t src, uint32_t *source)
 {
     uint32_t i = 0;
@@ -320,7 +331,8 @@ static long image_byte_again(uint64_t src, uint32_t *source)
         return -EFAULT;
     char byte;
     long rc = ck_pread(clear.fd[i], &byte, 1, src - clear.base[i]);
-    for (long wait_ms = 50; rc != 1 && wait_ms <= 1600; wait_ms *= 2) {
+    long until = now_ms() + BYTE_AGAIN_MS;
+    for (long wait_ms = 50; rc != 1 && now_ms() < until; wait_ms = wait_ms < 500 ? wait_ms * 2 : 1000) {
         ck_nanosleep_ms(wait_ms);
         rc = ck_pread(clear.fd[i], &byte, 1, src - clear.base[i]);
     }
@@ -419,13 +431,6 @@ static void drain(int wait)
         if (n < (long)sizeof(msgs))
             return;
     }
-}
-
-static long now_ms(void)
-{
-    struct timespec ts;
-    ck_clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 void rst_serve_lazy(void)
