@@ -479,16 +479,24 @@ class Checkpointer:
             log.info("pid %d: %d TCP socket(s) keep unsent bytes (a full window)", conn.pid, reply.int("stuck"))
 
     def _dump_one(
-        self, conn: ShimConnection, request: pb.DumpRequest, owner: Owner, key: bytes | None = None, sync: str = ""
+        self,
+        conn: ShimConnection,
+        request: pb.DumpRequest,
+        owner: Owner,
+        *,
+        key: bytes | None = None,
+        sync: str = "",
+        writer: tuple[int, int] | None = None,
     ) -> pb.ProcessDump:
-        """sync: why the process must write its pages during the pause ("": it may fork a writer)."""
+        """sync: why the process must write its pages during the pause ("": it may fork a writer);
+        writer: the filesystem ids it writes with (fs_ids), when a root job's process may have dropped them."""
         directory = request.dir
         pdir = Path(directory) / f"proc-{conn.pid}"
         try:
             pdir.mkdir(parents=True, exist_ok=False)
             # the process writes its image there as the job's owner (or, in a root
             # job, as the ids it has taken)
-            give_dir(pdir, owner, fs_ids(conn.host_pid))
+            give_dir(pdir, owner, writer)
         except OSError as e:
             raise _storage_error(f"{e.strerror} (errno {e.errno})", directory) from e
         # the image's final place, relative to the job's directory: a later
@@ -564,9 +572,8 @@ class Checkpointer:
         # the job's processes, as its owner, pass through the round's directories;
         # so do a root job's processes that write as other ids (and the job's
         # directory then too): only then, else they stay 0700
-        others = job.owner.any_uid and any(
-            (ids := fs_ids(c.host_pid)) is not None and ids[0] != job.owner.uid for c in conns
-        )
+        writers = {c.host_pid: fs_ids(c.host_pid) for c in conns} if job.owner.any_uid else {}
+        others = any(ids is not None and ids[0] != job.owner.uid for ids in writers.values())
         if job.owner.switch or others:
             rdir = Path(request.dir)
             try:
@@ -585,7 +592,12 @@ class Checkpointer:
                 sync = "" if room.fits else room.why()
             if sync:
                 log.warning("job %s: checkpoint %d written during the pause: %s", job.name, ckpt_id, sync)
-            dumped = _side_by_side(lambda conn: self._dump_one(conn, request, job.owner, key, sync), conns)
+            dumped = _side_by_side(
+                lambda conn: self._dump_one(
+                    conn, request, job.owner, key=key, sync=sync, writer=writers.get(conn.host_pid)
+                ),
+                conns,
+            )
             resp = pb.DumpResponse(processes=dumped)
             # the objects of the job's own IPC namespace, once for the job, still parked
             sysv_ipc.save(conns[0].host_pid, Path(request.dir), encrypted=key is not None)
