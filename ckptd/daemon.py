@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import gc
 import json
 import logging
 import os
@@ -113,6 +114,16 @@ class Security:
         return Policy(self.admins)
 
 
+def _freeze_startup_objects() -> None:
+    """What start-up made (modules, the gRPC and protobuf machinery, some
+    50,000 objects) lives as long as the daemon: moved out of the cyclic
+    collector's reach, a full collection no longer walks it (30-40 ms of CPU
+    each, one of which landed in a checkpoint's command in 6; it could land
+    in a pause)."""
+    gc.collect()
+    gc.freeze()
+
+
 def run_coordinator(
     home: Home,
     listen: str,
@@ -135,6 +146,7 @@ def run_coordinator(
     address = bind(server, listen, security.tls)
     server.start()
     coordinator.start()
+    _freeze_startup_objects()
     log.info("coordinator listening on %s", address)
     _wait_for_signal(stop)
     coordinator.stop()
@@ -173,6 +185,7 @@ def run_agent(
     pb_grpc.add_AgentServicer_to_server(AgentService(agent, policy), server)
     server.start()
     agent.start()
+    _freeze_startup_objects()
     log.info("agent for node %s listening on %s, coordinator %s", node, address, coordinator)
     _wait_for_signal(stop)
     agent.stop()
@@ -207,6 +220,7 @@ def run_local(home: Home, idle_exit_s: float, metrics: str = "", exit_with: int 
     aserver.start()
     coordinator.start()
     agent.start()
+    _freeze_startup_objects()
     log.info("local ckptd (coordinator %s, agent %s for node %s) pid %d", caddr, aaddr, node, os.getpid())
 
     starter = _pidfd(exit_with)
