@@ -443,6 +443,59 @@ def torch_path(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 # The fault-injection matrix (tests/faultmatrix.py): every cell's test carries its cell in its report,
 # and the matrix is printed at the end of every run that checked at least one cell.
+REACHABLE = Path(tempfile.gettempdir()) / "ckptd-tests-reachable.json"  # shared by the xdist workers
+
+
+@contextlib.contextmanager
+def reachable_by_others(*paths: Path) -> Iterator[None]:
+    """The interpreter may live under a 0700 home (/root/.pyenv), the test's
+    files under pytest's 0700 temporary root: let other users traverse those
+    directories (not list them) for the duration of the test.  Tests on
+    other xdist workers open the same ones (the interpreter's, the base
+    temporary directory): a directory gets its mode back only when the last
+    process holding it open lets go (REACHABLE, under a lock, names the
+    holders; one that died holds nothing)."""
+    import fcntl
+    import stat
+
+    def update(change: Callable[[dict[str, Any]], None]) -> None:
+        with open(f"{REACHABLE}.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            state: dict[str, Any] = json.loads(REACHABLE.read_text()) if REACHABLE.exists() else {}
+            for entry in state.values():
+                entry["holders"] = [h for h in entry["holders"] if psutil.pid_exists(h)]
+            change(state)
+            for d, entry in list(state.items()):
+                if not entry["holders"]:
+                    with contextlib.suppress(OSError):
+                        os.chmod(d, entry["mode"])
+                    del state[d]
+            REACHABLE.write_text(json.dumps(state))
+
+    dirs = list(dict.fromkeys(str(parent) for path in paths for parent in path.resolve().parents))
+
+    def hold(state: dict[str, Any]) -> None:
+        for d in dirs:
+            if d in state:
+                state[d]["holders"].append(os.getpid())
+                continue
+            mode = os.stat(d).st_mode
+            if not mode & stat.S_IXOTH:
+                os.chmod(d, mode | stat.S_IXOTH)
+                state[d] = {"mode": stat.S_IMODE(mode), "holders": [os.getpid()]}
+
+    def release(state: dict[str, Any]) -> None:
+        for d in dirs:
+            if d in state and os.getpid() in state[d]["holders"]:
+                state[d]["holders"].remove(os.getpid())
+
+    update(hold)
+    try:
+        yield
+    finally:
+        update(release)
+
+
 import faultmatrix  # noqa: E402
 
 

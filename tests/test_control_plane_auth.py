@@ -301,7 +301,7 @@ def test_a_users_job_runs_as_that_user_on_a_root_agent(tls: TlsCluster, tmp_path
     certificate (an admin) sees it while nobody still cannot see root's."""
     import pwd
 
-    from test_nonroot import reachable_by_others
+    from conftest import reachable_by_others
 
     nobody = pwd.getpwnam("nobody")
     ckpts = tmp_path / "ckpts"

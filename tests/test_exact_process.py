@@ -8,9 +8,8 @@ from __future__ import annotations
 import os
 
 import pytest
-from conftest import Ckptd, compile_workload, exact_round_trip
+from conftest import Ckptd, compile_workload, exact_round_trip, reachable_by_others
 from test_bad_input import assert_refused
-from test_nonroot import reachable_by_others
 
 pytestmark = pytest.mark.skipif(os.getuid() != 0, reason="sets attributes only root may set (loginuid, uids)")
 

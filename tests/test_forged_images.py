@@ -19,9 +19,8 @@ from typing import Any
 import pytest
 import xxhash
 from ckptd.agent.rollback import WorldRollback, check_recorded, check_written_files
-from conftest import CKPTCTL, CKPTD, PYTHON, Ckptd, flip_byte, run_plain
+from conftest import CKPTCTL, CKPTD, PYTHON, Ckptd, flip_byte, reachable_by_others, run_plain
 from test_bad_input import JOURNAL, one_line_error
-from test_nonroot import reachable_by_others
 
 from ckptd.errors import CkptdError, Code
 from ckptd.image.checksum import ALGORITHM, hash_file

@@ -6,35 +6,15 @@ from __future__ import annotations
 
 import contextlib
 import os
-import stat
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, WORKLOADS, Ckptd, ckptd_at, compile_workload, run_plain
+from conftest import PYTHON, WORKLOADS, Ckptd, ckptd_at, compile_workload, reachable_by_others, run_plain
 
 pytestmark = pytest.mark.serial  # it opens /root and the pytest base directory to another user
 
 NOBODY = (65534, 65534)
-
-
-@contextlib.contextmanager
-def reachable_by_others(*paths: Path) -> Iterator[None]:
-    """The interpreter may live under a 0700 home (/root/.pyenv), the test's
-    files under pytest's 0700 temporary root: let other users traverse those
-    directories (not list them) for the duration of the test."""
-    blocked = []
-    for path in paths:
-        for parent in path.resolve().parents:
-            mode = parent.stat().st_mode
-            if not mode & stat.S_IXOTH and (parent, mode) not in blocked:
-                blocked.append((parent, mode))
-                parent.chmod(mode | stat.S_IXOTH)
-    try:
-        yield
-    finally:
-        for parent, mode in blocked:
-            parent.chmod(mode)
 
 
 @pytest.fixture

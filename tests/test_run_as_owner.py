@@ -13,8 +13,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import CKPTD, PYTHON, WORKLOADS, Ckptd, ckptd_at, run_plain
-from test_nonroot import reachable_by_others
+from conftest import CKPTD, PYTHON, WORKLOADS, Ckptd, ckptd_at, reachable_by_others, run_plain
 
 pytestmark = pytest.mark.skipif(os.getuid() != 0, reason="a root agent runs jobs as their owners")
 
