@@ -27,6 +27,7 @@ import errno
 import hashlib
 import os
 import secrets
+import shutil
 import socket
 import stat
 from dataclasses import dataclass
@@ -91,6 +92,12 @@ class Home:
     def run_dir(self) -> Path:
         tag = hashlib.sha256(str(self.root).encode()).hexdigest()[:10]
         return _runtime_base() / f"ckptd-{os.getuid()}-{tag}"
+
+    def remove_run_dir(self) -> None:
+        """For a home used once (a test's, a benchmark's), once its daemons
+        have ended: its runtime directory goes with it.  Otherwise it stays
+        for the next daemon of the home, and one per home piles up in /tmp."""
+        shutil.rmtree(self.run_dir, ignore_errors=True)
 
     def check_run_dir(self, create: bool = True) -> bool:
         """Make sure the runtime directory is a directory of ours, mode 0700

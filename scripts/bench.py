@@ -970,6 +970,9 @@ def main() -> int:
             env=dict(os.environ, CKPTD_HOME=str(base / "home")),
             capture_output=True,
         )
+        from ckptd.paths import Home
+
+        Home(base / "home").remove_run_dir()
         shutil.rmtree(base, ignore_errors=True)
     text = table(rows, Path(args.dir or "/var/tmp")) if rows else ""
     if rank_rows:

@@ -16,6 +16,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from cluster import Cluster  # the tests' namespace nodes
 
+from ckptd.paths import Home
+
 
 class Nodes:
     """with Nodes(base, 4) as nodes: ... nodes.env reaches its coordinator."""
@@ -68,3 +70,4 @@ class Nodes:
             self.coordinator.kill()
             self.coordinator.wait()
         self.cluster.teardown()  # its agents, their ranks, the namespaces
+        Home(self.dir / "home").remove_run_dir()

@@ -533,7 +533,7 @@ def split(ckptd: Ckptd, tmp_path: Path) -> Iterator[Split]:
         s.stop()
 
 
-COORDINATOR = ("reserve", "prepare", "drain", "dump", "finalize", "commit", "resume")
+COORDINATOR = ("reserve", "ready", "prepare", "drain", "dump", "finalize", "commit", "resume")
 COORDINATOR_KILLED = (
     "the round is not committed; the agent releases the parked job; the next coordinator removes what it left"
 )

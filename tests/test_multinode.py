@@ -26,6 +26,8 @@ import pytest
 from cluster import Cluster
 from conftest import CKPTCTL, CKPTD, PYTHON, WORKLOADS, run_plain
 
+from ckptd.paths import Home
+
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces for nodes need root"),
     pytest.mark.skipif(shutil.which("nsenter") is None, reason="nsenter (util-linux) not installed"),
@@ -156,6 +158,7 @@ class MultiNode:
             self.coordinator.kill()
             self.coordinator.wait()
         self.cluster.teardown()
+        Home(self.home).remove_run_dir()
         if not os.environ.get("CKPTD_KEEP_TEST_DIRS"):
             shutil.rmtree(self.dir, ignore_errors=True)
 
