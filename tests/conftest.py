@@ -443,6 +443,35 @@ def torch_path(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 # The fault-injection matrix (tests/faultmatrix.py): every cell's test carries its cell in its report,
 # and the matrix is printed at the end of every run that checked at least one cell.
+class StoppedRound:
+    """A checkpoint whose daemon checkpoint_stopped_at stopped: its result once it went on."""
+
+    info: dict[str, Any]
+
+
+@contextlib.contextmanager
+def checkpoint_stopped_at(c: Ckptd, fault: Path, job: str, phase: str) -> Iterator[StoppedRound]:
+    """`ckptctl checkpoint JOB --json` started and the daemon stopped (SIGSTOP,
+    at its fault point, CKPTD_FAULT=@fault) at the end of PHASE for the
+    block; then the daemon goes on (also when the block fails), and the
+    command must succeed: its JSON in .info."""
+    (daemon,) = c.daemon_pids()
+    fault.write_text(f"daemon:{phase}:STOP")
+    p = subprocess.Popen([CKPTCTL, "checkpoint", job, "--json"], env=c.env, stdout=subprocess.PIPE, text=True)
+    taken = StoppedRound()
+    try:
+        deadline = time.monotonic() + 30
+        while fault.exists() or psutil.Process(daemon).status() != psutil.STATUS_STOPPED:
+            assert time.monotonic() < deadline and p.poll() is None, f"the daemon never stopped after the {phase}"
+            time.sleep(0.05)
+        yield taken
+    finally:
+        os.kill(daemon, signal.SIGCONT)
+    out, _ = p.communicate(timeout=120)
+    assert p.returncode == 0, out
+    taken.info = json.loads(out)
+
+
 REACHABLE = Path(tempfile.gettempdir()) / "ckptd-tests-reachable.json"  # shared by the xdist workers
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import CKPTCTL, PYTHON, WORKLOADS, Ckptd
+from conftest import CKPTCTL, PYTHON, WORKLOADS, Ckptd, checkpoint_stopped_at
 
 ABORTED = 4  # ckptd/errors.py
 
@@ -72,24 +72,6 @@ def test_image_is_one_instant_while_the_job_rewrites_its_memory(ckptd: Ckptd, ca
     assert c.log("snap", "stdout") == expected(steps, mib)
 
 
-def checkpoint_stopped_at(c: Ckptd, fault: Path, job: str, phase: str) -> tuple[subprocess.Popen[str], int]:
-    """`ckptctl checkpoint JOB --json` started, and the daemon stopped (SIGSTOP, at
-    its fault point) at the end of PHASE: the command and the daemon's pid,
-    whom the caller continues."""
-    (daemon,) = c.daemon_pids()
-    fault.write_text(f"daemon:{phase}:STOP")
-    p = subprocess.Popen([CKPTCTL, "checkpoint", job, "--json"], env=c.env, stdout=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 30
-        while fault.exists() or psutil.Process(daemon).status() != psutil.STATUS_STOPPED:
-            assert time.monotonic() < deadline and p.poll() is None, f"the daemon never stopped after the {phase}"
-            time.sleep(0.05)
-    except BaseException:
-        os.kill(daemon, signal.SIGCONT)
-        raise
-    return p, daemon
-
-
 @pytest.mark.parametrize("phase", ["dump", "resume"])
 def test_the_writer_writes_nothing_until_the_round_has_resumed(ckptd: Ckptd, tmp_path: Path, phase: str) -> None:
     """The daemon is stopped at the end of the dump (the job parked) or of
@@ -106,8 +88,7 @@ def test_the_writer_writes_nothing_until_the_round_has_resumed(ckptd: Ckptd, tmp
     c.launch("gate", snapshot(steps, mib, 0.02))
     c.wait_log("gate", r"^step 3 ")
     log = c.log_file("gate")  # read directly: no command is answered while the daemon is stopped
-    p, daemon = checkpoint_stopped_at(c, fault, "gate", phase)
-    try:
+    with checkpoint_stopped_at(c, fault, "gate", phase) as taken:
         (writer,) = writers(c, exited=True)
         assert writer.status() != psutil.STATUS_ZOMBIE, f"the writer finished before the daemon went on ({phase})"
         log_before = log.read_bytes()
@@ -119,11 +100,7 @@ def test_the_writer_writes_nothing_until_the_round_has_resumed(ckptd: Ckptd, tmp
             assert log.read_bytes() == log_before  # the job is parked
         else:
             assert log.read_bytes() != log_before  # the job runs: only its writer waits
-    finally:
-        os.kill(daemon, signal.SIGCONT)
-    out, _ = p.communicate(timeout=120)
-    assert p.returncode == 0
-    info = json.loads(out)
+    info = taken.info
     assert not writers(c)  # it wrote, and FLUSH reaped it
     c.kill9("gate")
     c.ctl("restart", "gate", "--from", str(info["id"]))
@@ -160,8 +137,7 @@ def test_a_child_forked_before_finalize_holds_nothing_of_its_parents_writer(ckpt
     c.launch("fl", [PYTHON, str(script), str(flag)])
     c.wait_log("fl", r"^step 3$")
     (parent,) = (p["host_pid"] for p in c.status("fl")["processes"])
-    p, daemon = checkpoint_stopped_at(c, fault, "fl", "resume")
-    try:
+    with checkpoint_stopped_at(c, fault, "fl", "resume"):
         (writer,) = writers(c, exited=True)
         gate = os.readlink(f"/proc/{writer.pid}/fd/2")
         assert gate.startswith("pipe:"), gate
@@ -172,10 +148,6 @@ def test_a_child_forked_before_finalize_holds_nothing_of_its_parents_writer(ckpt
             time.sleep(0.05)
         held = {os.readlink(f"/proc/{forked[0].pid}/fd/{fd}") for fd in os.listdir(f"/proc/{forked[0].pid}/fd")}
         assert gate not in held
-    finally:
-        os.kill(daemon, signal.SIGCONT)
-    p.communicate(timeout=120)
-    assert p.returncode == 0
     second = c.checkpoint("fl")
     assert len(json.loads((Path(second["path"]) / "manifest.json").read_text())["processes"]) == 2
     c.ctl("kill", "fl")

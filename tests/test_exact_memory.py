@@ -6,15 +6,19 @@ each from inside at every step, through a checkpoint, kill -9 and restart."""
 
 from __future__ import annotations
 
-import json
-import os
-import signal
 import time
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, Ckptd, compile_workload, exact_round_trip, kill_restart_finish, run_plain
-from test_capture import checkpoint_stopped_at
+from conftest import (
+    PYTHON,
+    Ckptd,
+    checkpoint_stopped_at,
+    compile_workload,
+    exact_round_trip,
+    kill_restart_finish,
+    run_plain,
+)
 
 STEPS = "60"
 
@@ -115,20 +119,14 @@ def test_advice_given_after_the_early_maps_read(ckptd: Ckptd, tmp_path: Path) ->
     c.launch("advise", [PYTHON, "-c", ADVISED_LATE, str(trigger), "160"])
     c.wait_log("advise", r"^tick 3 \[\]$")
     log = c.log_file("advise")  # read directly: no command is answered while the daemon is stopped
-    p, daemon = checkpoint_stopped_at(c, fault, "advise", "ready")
-    try:
+    with checkpoint_stopped_at(c, fault, "advise", "ready") as taken:
         trigger.touch()
         deadline = time.monotonic() + 30
         while b"advised" not in log.read_bytes():
             assert time.monotonic() < deadline, "the program never advised its mapping"
             time.sleep(0.05)
-    finally:
-        os.kill(daemon, signal.SIGCONT)
-    out, _ = p.communicate(timeout=120)
-    assert p.returncode == 0, out
-    taken = json.loads(out)
     c.kill9("advise")
-    c.ctl("restart", "advise", "--from", str(taken["id"]))
+    c.ctl("restart", "advise", "--from", str(taken.info["id"]))
     assert c.wait("advise") == 0
     lines = c.log("advise").splitlines()
     after = lines[lines.index("advised") + 1 :]
