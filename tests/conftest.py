@@ -441,8 +441,6 @@ def torch_path(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     yield str(target)
 
 
-# The fault-injection matrix (tests/faultmatrix.py): every cell's test carries its cell in its report,
-# and the matrix is printed at the end of every run that checked at least one cell.
 class StoppedRound:
     """A checkpoint whose daemon checkpoint_stopped_at stopped: its result once it went on."""
 
@@ -525,6 +523,8 @@ def reachable_by_others(*paths: Path) -> Iterator[None]:
         update(release)
 
 
+# The fault-injection matrix (tests/faultmatrix.py): every cell's test carries its cell in its report,
+# and the matrix is printed at the end of every run that checked at least one cell.
 import faultmatrix  # noqa: E402
 
 
