@@ -288,15 +288,17 @@ def give_dir(path: Path, owner: Owner, writer: tuple[int, int] | None = None) ->
 
 def fs_ids(host_pid: int) -> tuple[int, int] | None:
     """A process's filesystem uid and gid (what it creates files as)."""
-    ids = {}
     try:
-        for line in Path(f"/proc/{host_pid}/status").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key in ("Uid", "Gid"):
-                ids[key] = int(value.split()[3])
+        fd = os.open(f"/proc/{host_pid}/status", os.O_RDONLY)
+        try:
+            status = os.read(fd, 65536)
+        finally:
+            os.close(fd)
+        # "Uid:\treal\teffective\tsaved\tfilesystem" (and Gid:), each on a line of its own
+        uid, gid = (status.split(b"\n" + key, 1)[1].split(b"\n", 1)[0].split()[3] for key in (b"Uid:", b"Gid:"))
+        return int(uid), int(gid)
     except (OSError, ValueError, IndexError):
         return None
-    return (ids["Uid"], ids["Gid"]) if len(ids) == 2 else None
 
 
 def check_storage(ckpt_dir: Path, owner: Owner, node: str) -> None:

@@ -335,6 +335,7 @@ class JobRuntime:
         # at the job's processes, by when it began
         self._reaper: tuple[int, int, int] | None = None
         self._last_look: tuple[float, list[ProcEntry]] = (-1.0, [])
+        self._init_known: tuple[Incarnation, psutil.Process] | None = None  # _init_process's last answer
 
     # ---- process tree ----
 
@@ -342,16 +343,23 @@ class JobRuntime:
         inc = self.incarnation
         if not inc:
             return None
+        if inc.start_ticks:
+            if start_ticks(inc.init_pid) != inc.start_ticks:  # gone, or the pid reused
+                return None
+            known = self._init_known
+            if known is not None and known[0] is inc:
+                # the same process as the last call: one read of its stat, not a new
+                # psutil.Process (a rank's pause asks two or three times)
+                return known[1]
         try:
             p = psutil.Process(inc.init_pid)
-            if inc.start_ticks:
-                if start_ticks(inc.init_pid) != inc.start_ticks:  # pid reused
-                    return None
-            elif p.create_time() > inc.started + 5:  # pid reused (or the clock was set forward)
+            if not inc.start_ticks and p.create_time() > inc.started + 5:  # pid reused (or the clock set forward)
                 return None
-            return p
         except psutil.Error:
             return None
+        if inc.start_ticks:
+            self._init_known = (inc, p)
+        return p
 
     def _job_processes(self, *, fresh: bool = True) -> list[ProcEntry]:
         """The job's processes, zombies included: ckptd-init's reaper excluded,

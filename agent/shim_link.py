@@ -50,6 +50,8 @@ SO_PEERPIDFD = 77  # <linux/socket.h>; not in Python 3.11's socket module
 
 
 def encode_value(value: str) -> bytes:
+    if value.isascii() and value.isprintable() and "%" not in value:
+        return value.encode()  # nothing to escape: most values (paths, numbers), at once
     out = bytearray()
     for b in value.encode(errors="surrogateescape"):
         if b < 0x20 or b in (0x25, 0x7F):
