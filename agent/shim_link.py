@@ -62,6 +62,8 @@ def encode_value(value: str) -> bytes:
 
 
 def decode_value(raw: bytes) -> str:
+    if b"%" not in raw:
+        return raw.decode(errors="surrogateescape")  # nothing escaped: most values, at once
     out = bytearray()
     i = 0
     while i < len(raw):
