@@ -97,7 +97,9 @@ def test_core_reader_rejects_garbage(tmp_path: Path) -> None:
     assert e.value.code is Code.DATA_LOSS
 
 
-@pytest.mark.parametrize("value", ["plain", "/a path/with spaces=1", "with\ttab", "new\nline", "del\x7f", "100%", "ünïcode", ""])
+@pytest.mark.parametrize(
+    "value", ["plain", "/a path/with spaces=1", "with\ttab", "new\nline", "del\x7f", "100%", "ünïcode", ""]
+)
 def test_shim_protocol_encoding(value: str) -> None:
     line = format_message("DUMP", dir=value, n=7)
     assert line.count(b"\n") == 1 and line.endswith(b"\n")
