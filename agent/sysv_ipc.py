@@ -86,13 +86,12 @@ def holds_objects(host_pid: int) -> bool:
     return answer[0]
 
 
-def save(host_pid: int, directory: Path, encrypted: bool = False) -> None:
-    """Save the objects of host_pid's IPC namespace into directory/sysv-ipc
-    (nothing when it holds none, or is not the job's own)."""
-    if not own_namespace(host_pid) or not holds_objects(host_pid):
-        return
+def _helper(args: list[str], failed: str) -> None:
+    """This module run as a child (`python -m ckptd.agent.sysv_ipc ARGS`),
+    which joins the job's IPC namespace for good (the agent never does);
+    its last line of stderr goes into the error."""
     r = subprocess.run(
-        [sys.executable, "-m", "ckptd.agent.sysv_ipc", str(host_pid), str(directory)],
+        [sys.executable, "-m", "ckptd.agent.sysv_ipc", *args],
         capture_output=True,
         text=True,
         check=False,
@@ -100,7 +99,15 @@ def save(host_pid: int, directory: Path, encrypted: bool = False) -> None:
     )
     if r.returncode != 0:
         why = (r.stderr.strip().splitlines() or ["no message"])[-1]
-        raise CkptdError(Code.FAILED_PRECONDITION, f"cannot save the job's System V IPC objects: {why}")
+        raise CkptdError(Code.FAILED_PRECONDITION, f"{failed}: {why}")
+
+
+def save(host_pid: int, directory: Path, encrypted: bool = False) -> None:
+    """Save the objects of host_pid's IPC namespace into directory/sysv-ipc
+    (nothing when it holds none, or is not the job's own)."""
+    if not own_namespace(host_pid) or not holds_objects(host_pid):
+        return
+    _helper([str(host_pid), str(directory)], "cannot save the job's System V IPC objects")
     saved = directory / DIR
     if encrypted and saved.exists():
         shutil.rmtree(saved)
@@ -146,16 +153,7 @@ def remove_destroyed(host_pid: int, directory: Path) -> None:
     ids = [str(o["id"]) for o in json.loads(path.read_text()).get("shm", []) if o.get("removed")]
     if not ids:
         return
-    r = subprocess.run(
-        [sys.executable, "-m", "ckptd.agent.sysv_ipc", "--remove", str(host_pid), *ids],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd="/",  # python -m looks in the working directory first: a source tree there would shadow ckptd
-    )
-    if r.returncode != 0:
-        why = (r.stderr.strip().splitlines() or ["no message"])[-1]
-        raise CkptdError(Code.FAILED_PRECONDITION, f"cannot remove the job's removed System V segments again: {why}")
+    _helper(["--remove", str(host_pid), *ids], "cannot remove the job's removed System V segments again")
 
 
 def _table(name: str) -> list[dict[str, int]]:
