@@ -50,6 +50,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ckptd.paths import Home
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from bench_cli import tool  # noqa: E402  (next to this script)
@@ -970,8 +972,6 @@ def main() -> int:
             env=dict(os.environ, CKPTD_HOME=str(base / "home")),
             capture_output=True,
         )
-        from ckptd.paths import Home
-
         Home(base / "home").remove_run_dir()
         shutil.rmtree(base, ignore_errors=True)
     text = table(rows, Path(args.dir or "/var/tmp")) if rows else ""
