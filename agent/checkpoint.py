@@ -316,14 +316,15 @@ class Checkpointer:
 
     def _quiesce_tree(
         self, job: JobRuntime, timeout_s: float, live: list[int], premapped: set[int]
-    ) -> tuple[list[ShimConnection], int]:
+    ) -> tuple[list[ShimConnection], int, int]:
         """Park every process of the job.  A process that forks while others are
         being parked adds one more: repeat until a pass finds nobody new.  The
         first pass parks those of `live` (the ready's or the prepare's scan),
         each later pass those a new scan finds.  premapped: those that read
-        their maps early in the ready step."""
+        their maps early in the ready step.  Returns the parked, their
+        threads, and how many of their TCP sockets hold unsent bytes."""
         parked: list[ShimConnection] = []
-        threads = 0
+        threads = unsent = 0
         new = self._shims_for(job, set(), live)
         self._premap([c for c in new if c.host_pid not in premapped])
         try:
@@ -333,7 +334,7 @@ class Checkpointer:
                 if not new:
                     if not parked:
                         raise CkptdError(Code.FAILED_PRECONDITION, f"job {job.name} has no live process to checkpoint")
-                    return parked, threads
+                    return parked, threads, unsent
                 for conn in new:
                     try:
                         reply = conn.request("QUIESCE", timeout=timeout_s + 5, timeout_ms=int(timeout_s * 1000))
@@ -348,6 +349,7 @@ class Checkpointer:
                         raise
                     parked.append(conn)
                     threads += reply.int("threads")
+                    unsent += reply.int("unsent", 1)  # a shim that does not say: as if it had some
             raise CkptdError(
                 Code.ABORTED,
                 f"job {job.name} keeps creating processes faster than they can be paused",
@@ -398,7 +400,7 @@ class Checkpointer:
             if self._cancelled.get(job.name) == ckpt_id:
                 raise CkptdError(Code.ABORTED, f"checkpoint {ckpt_id} of job {job.name} was aborted before it began")
             self._device_to_host(job, ckpt_id, timeout_s, live)
-            parked, threads = self._quiesce_tree(job, timeout_s, live, set(ready.live) if ready else set())
+            parked, threads, unsent = self._quiesce_tree(job, timeout_s, live, set(ready.live) if ready else set())
         except CkptdError:
             self._device_back(job, quiet=True)  # the first error is the one to report
             self._back_to_running(job)
@@ -414,8 +416,13 @@ class Checkpointer:
             raise CkptdError(
                 Code.DEADLINE_EXCEEDED, f"checkpoint {ckpt_id} of job {job.name} was abandoned while pausing it"
             )
-        self._drained.discard(job.name)
-        return pb.PrepareResponse(processes=len(parked), threads=threads)
+        # parked, no process writes: with nothing unsent now, no byte can move
+        # from one image to another, and the drain has nothing to wait for
+        if unsent:
+            self._drained.discard(job.name)
+        else:
+            self._drained.add(job.name)
+        return pb.PrepareResponse(processes=len(parked), threads=threads, drained=not unsent)
 
     def _device_to_host(self, job: JobRuntime, ckpt_id: int, timeout_s: float, live: list[int]) -> None:
         """CUDA processes: their device memory into their host memory, before

@@ -137,6 +137,8 @@ class AgentService(pb_grpc.AgentServicer):
         )
         reply.local_s = time.monotonic() - t0
         job.fault("prepare")
+        if reply.drained:  # and the drain with it: no drain step will come for this rank
+            job.fault("drain")
         return reply
 
     def _drain(self, request: pb.ResumeRequest) -> pb.PhaseResponse:

@@ -3,7 +3,9 @@
 The coordinator and the agent call ``point(phase, ...)`` at the end of each
 phase of a checkpoint (reserve, ready, prepare, drain, dump, flush,
 finalize, commit, resume), of a restart (verify, rebuild, release, lazy fill) and of an
-upload to the shared tier (upload).  With ``CKPTD_FAULT`` unset, ``point``
+upload to the shared tier (upload).  A round that needs no drain (nothing
+unsent) passes its drain points all the same: the agent's at the end of the
+prepare, the coordinator's where the phase would have run.  With ``CKPTD_FAULT`` unset, ``point``
 returns at once: one test of a module global.
 
 ``CKPTD_FAULT=WHO:PHASE:SIGNAL`` (e.g. ``agent:dump:KILL``, ``job:prepare:STOP``)

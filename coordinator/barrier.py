@@ -17,7 +17,9 @@ its node's targets (RankStep):
     2 drain     every rank lets its unsent TCP bytes leave into its parked
                 peers' receive queues (step drain); connections between
                 ranks are also saved in repair mode, whole, so any byte
-                still in flight is replayed exactly once
+                still in flight is replayed exactly once.  Sent only if
+                some rank's prepare found unsent bytes: parked processes
+                write nothing, so where there are none, none can move
     3 dump      every rank writes its images into <tmp>/rank-R (a classic
                 job: <tmp>) in parallel, with its output log position
     4 resume    the job runs again (step resume); the stall ends here.
@@ -244,7 +246,14 @@ class CheckpointRound:
             t_pause, first = mark[0], len(phases)  # the stall's phases: phases[first:]
             parked = dict(stubs)  # an abort releases every rank, parked or not
             prep = phase("prepare", "quiescing", prepare, self.timeout_s + 30)
-            phase("drain", "draining bytes in flight", request, 60)
+            if all(r.drained for r in prep.values()):
+                # nothing unsent in any parked process: no step to send
+                # (PrepareResponse.drained); the phase is recorded, empty
+                close("drain")
+                timings["drain_s"] = phases[-1].rpc_s
+                faults.point("drain", "coordinator")
+            else:
+                phase("drain", "draining bytes in flight", request, 60)
             dumps = phase(
                 "dump",
                 "writing",

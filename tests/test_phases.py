@@ -4,19 +4,21 @@ slowest rank's own time in it, and where the rest went (sending the
 requests, one per node whatever its ranks, the worst round trip less its
 rank's own time), in its manifest and in `ckptctl list --json`.
 Back to back, they add up to the checkpoint's duration; prepare to resume
-is its stall."""
+is its stall.  The drain is sent only to a job with unsent TCP bytes once
+parked; without any it is recorded with no request."""
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from ckptd.coordinator.steps import Sent, on_agent_clock, step_answer
-from conftest import PYTHON, Ckptd, checkpoint_stopped_at
+from conftest import PYTHON, WORKLOADS, Ckptd, checkpoint_stopped_at
 
 from ckptd.errors import CkptdError, Code
 from ckptd.paths import Home, default_node
@@ -28,8 +30,11 @@ STALL = PHASES[2:6]  # ready runs before the pause: the job still runs
 RANK_WORK = ["ready", "prepare", "drain", "dump", "resume", "finalize"]  # where the agents take part
 
 
-def check_phases(info: dict[str, Any], nodes: int = 1) -> dict[str, dict[str, float]]:
-    """Sane phases in a CheckpointInfo's JSON, from a job on nodes nodes; by name."""
+def check_phases(info: dict[str, Any], nodes: int = 1, drained: bool = False) -> dict[str, dict[str, float]]:
+    """Sane phases in a CheckpointInfo's JSON, from a job on nodes nodes; by
+    name.  drained: the job had unsent TCP bytes when parked, and the agents
+    were sent a drain step; else the drain has no request and no rank's time."""
+    rank_work = RANK_WORK if drained else [n for n in RANK_WORK if n != "drain"]
     phases = info.get("phases")
     assert phases and [p["name"] for p in phases] == PHASES, info
     keys = ("rpc_s", "local_s", "issue_s", "wire_s", "requests", "busy_s")
@@ -37,15 +42,15 @@ def check_phases(info: dict[str, Any], nodes: int = 1) -> dict[str, dict[str, fl
     for name, p in by.items():
         assert all(p[k] >= 0 for k in keys), (name, p)  # every one recorded
         # one request per node in a phase the agents take part in, however many ranks it holds
-        assert p["requests"] == (nodes if name in RANK_WORK else 0), (name, p)
+        assert p["requests"] == (nodes if name in rank_work else 0), (name, p)
         # the protocol's own cost, split: the requests' sending and the worst
         # round trip less the rank's own time, both inside the phase
         assert p["issue_s"] <= p["rpc_s"] + 2e-6 and p["wire_s"] <= p["rpc_s"] + 2e-6, (name, p)
-        if name not in RANK_WORK:
+        if name not in rank_work:
             assert p["issue_s"] == 0 and p["wire_s"] == 0, (name, p)  # no RPC in it
         # an agent's own time is inside the coordinator's RPC (rounding: 1 µs)
         assert p["local_s"] <= p["rpc_s"] + 2e-6, (name, p)
-        if name in RANK_WORK:
+        if name in rank_work:
             assert p["local_s"] > 0, (name, p)  # the agents answered with their own time
             # the time some rank was at work: at least the slowest rank's, inside the phase
             assert p["local_s"] - 2e-6 <= p["busy_s"] <= p["rpc_s"] + 2e-6, (name, p)
@@ -97,6 +102,24 @@ def test_two_ranks_record_the_slowest_ranks_time(ckptd: Ckptd, counter: Path) ->
         dumps.append(max(p["dump_s"] for p in part["processes"]))
     assert by["dump"]["local_s"] >= max(dumps) - 1e-6, (by["dump"], dumps)
     ckptd.ctl("kill", "phr")
+
+
+def test_unsent_tcp_bytes_are_drained_and_come_back_once(ckptd: Ckptd) -> None:
+    """A process whose loopback connection has a full window holds unsent
+    bytes in its send queue while parked: the round sends its drain step
+    (SETTLE, which finds them stuck), the dump saves them, and after a
+    kill -9 and a restart each of them arrives exactly once."""
+    argv = [PYTHON, str(WORKLOADS / "tcp_full.py"), "100"]
+    plain = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True)
+    assert plain.stdout.splitlines()[-1] == "every byte once True", plain.stdout
+    ckptd.launch("full", argv)
+    ckptd.wait_log("full", r"^tick 5$")
+    taken = ckptd.checkpoint("full")
+    check_phases(taken, drained=True)
+    ckptd.kill9("full")
+    ckptd.ctl("restart", "full")
+    assert ckptd.wait("full") == 0
+    assert ckptd.log("full", "stdout") == plain.stdout
 
 
 def test_a_nodes_steps_answer_in_order_each_with_its_own_error(ckptd: Ckptd, counter: Path) -> None:

@@ -98,7 +98,7 @@ int ck_tcp_settle(int timeout_ms)
 {
     static int fds[MAX_SETTLE_FDS];
     static char buf[8192];
-    int n = 0;
+    int n = 0, unseen = 0; /* unseen: TCP sockets past MAX_SETTLE_FDS, counted as stuck */
     long dfd = ck_open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
     if (dfd < 0)
         return (int)dfd;
@@ -109,20 +109,24 @@ int ck_tcp_settle(int timeout_ms)
         for (long off = 0; off < got;) {
             struct ck_linux_dirent64 *d = (void *)(buf + off);
             off += d->d_reclen;
-            if (d->d_name[0] < '0' || d->d_name[0] > '9' || n >= MAX_SETTLE_FDS)
+            if (d->d_name[0] < '0' || d->d_name[0] > '9')
                 continue;
             int fd = (int)ck_parse_u64(d->d_name, 10, 0);
-            if (fd != (int)dfd && opt_u32(fd, SOL_SOCKET, SO_PROTOCOL) == IPPROTO_TCP)
+            if (fd == (int)dfd || opt_u32(fd, SOL_SOCKET, SO_PROTOCOL) != IPPROTO_TCP)
+                continue;
+            if (n < MAX_SETTLE_FDS)
                 fds[n++] = fd;
+            else
+                unseen = 1;
         }
     }
     ck_close((int)dfd);
     int stuck = 0;
     for (int waited = 0;; waited += 5) {
-        stuck = 0;
+        stuck = unseen;
         for (int i = 0; i < n; i++)
             stuck += ioctl_int(fds[i], SIOCOUTQNSD) > 0;
-        if (!stuck || waited >= timeout_ms)
+        if (stuck == unseen || waited >= timeout_ms) /* the ones it sees have settled, or time is up */
             return stuck;
         ck_nanosleep_ms(5);
     }

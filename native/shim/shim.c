@@ -6,7 +6,12 @@
  * see agent/shim_link.py for the agent's side):
  *   shim  -> agent  HELLO job= pid= tid= ppid= exe= restored=0|1 checkpoint=
  *   agent -> shim   PREMAP                -> PREMAPPED  (smaps read early, before parking)
- *   agent -> shim   QUIESCE timeout_ms=   -> QUIESCED threads=   | ERROR msg=
+ *   agent -> shim   QUIESCE timeout_ms=   -> QUIESCED threads= unsent=   | ERROR msg=
+ *                   (unsent: TCP sockets holding written, unsent bytes once
+ *                   parked; 0 in every process: the round needs no SETTLE)
+ *   agent -> shim   SETTLE timeout_ms=    -> SETTLED stuck=
+ *                   (every process of the round is parked: let unsent TCP
+ *                   bytes leave into the parked peers; stuck: still unsent)
  *   agent -> shim   DUMP dir= base= image= depth= cached= sync= dedup= [key=]
  *                                         -> DUMPED <stats> | ERROR [retry=1] msg=
  *                   (base: the checkpoint this one may build on; image: this
@@ -405,11 +410,15 @@ static void handle_quiesce(char *line)
     }
     uint32_t n;
     ck_parked_threads(&n);
+    /* parked, it writes nothing more: a send queue with nothing unsent now
+     * stays so (SETTLE would find nothing to wait for); unreadable: ask for it */
+    int unsent = ck_tcp_settle(0);
     char out[128];
     struct ck_buf b;
     ck_buf_init(&b, out, sizeof(out));
     ck_buf_str(&b, "QUIESCED");
     kv_u64(&b, "threads", n + 1);
+    kv_u64(&b, "unsent", unsent < 0 ? 1 : (uint64_t)unsent);
     send_line(&b);
 }
 

@@ -304,7 +304,8 @@ void ck_flight_forget(void) CK_HIDDEN;
 int ck_dump_tcp(struct ck_image *im, struct ck_fd *f, int family, const char *target) CK_HIDDEN;
 /* ---- dump_dgram.c ---- */
 int ck_dump_dgram(struct ck_image *im, struct ck_fd *f, int family, int type, const char *target) CK_HIDDEN;
-/* let unsent TCP bytes leave; returns how many sockets still hold some */
+/* let unsent TCP bytes leave, for up to timeout_ms (0: just look); returns
+ * how many sockets still hold some (any past the ones it can track count) */
 int ck_tcp_settle(int timeout_ms) CK_HIDDEN;
 
 /* ---- files.c ---- */
