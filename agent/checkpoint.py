@@ -494,9 +494,10 @@ class Checkpointer:
         key: bytes | None = None,
         sync: str = "",
         writer: tuple[int, int] | None = None,
-    ) -> pb.ProcessDump:
+    ) -> tuple[pb.ProcessDump, bool]:
         """sync: why the process must write its pages during the pause ("": it may fork a writer);
-        writer: the filesystem ids it writes with (fs_ids), when a root job's process may have dropped them."""
+        writer: the filesystem ids it writes with (fs_ids), when a root job's process may have dropped them.
+        Also returns whether its IPC namespace holds System V objects, as its shim saw it."""
         directory = request.dir
         pdir = Path(directory) / f"proc-{conn.pid}"
         try:
@@ -530,7 +531,7 @@ class Checkpointer:
             if e.transient or conn.gone():  # a passing state, or it exited: the coordinator tries again
                 raise CkptdError(Code.ABORTED, f"cannot checkpoint now: {what}", transient=True) from None
             raise _storage_error(what, directory) from None
-        return pb.ProcessDump(
+        dump = pb.ProcessDump(
             pid=conn.pid,
             host_pid=conn.host_pid,
             dir=pdir.name,
@@ -547,6 +548,7 @@ class Checkpointer:
             capture=CAPTURE_MODES.get(reply.int("capture"), "pause"),
             capture_why=sync,
         )
+        return dump, bool(reply.int("sysv", 1))
 
     def drain(self, job: JobRuntime) -> None:
         """Bytes still leaving one process for another land in the peer's
@@ -605,9 +607,12 @@ class Checkpointer:
                 ),
                 conns,
             )
-            resp = pb.DumpResponse(processes=dumped)
-            # the objects of the job's own IPC namespace, once for the job, still parked
-            sysv_ipc.save(conns[0].host_pid, Path(request.dir), encrypted=key is not None)
+            resp = pb.DumpResponse(processes=[d for d, _ in dumped])
+            # the objects of the job's own IPC namespace, once for the job, still
+            # parked; only if a shim saw some (native/shim/dump_sysv.c): most jobs
+            # hold none, and joining the namespace costs the pause a thread
+            if any(holds for _, holds in dumped):
+                sysv_ipc.save(conns[0].host_pid, Path(request.dir), encrypted=key is not None)
         self._writing[job.name] = list(conns)
         relay = job.drain_output()
         resp.log_bytes, resp.index_bytes = relay["log"], relay["index"]

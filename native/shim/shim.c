@@ -18,6 +18,7 @@
  *                   image's final directory relative to the job's, depth levels down;
  *                   sync=1: no writer, the copy might not fit in memory)
  *                   (retry=1: a passing state, e.g. descriptors in flight; worth another round)
+ *                   (<stats> ends with sysv=0|1: the IPC namespace holds System V objects; dump_sysv.c)
  *   agent -> shim   RESUME / ABORT        -> RESUMED  (ABORT also stops the writer)
  *   agent -> shim   FLUSH                 -> FLUSHED written=0|1 | ERROR msg=
  *                   (lets the forked writer start, once every rank of the
@@ -370,6 +371,7 @@ static void handle_dump(char *line)
     kv_u64(&b, "files", st.nfiles);
     kv_u64(&b, "dump_ns", (uint64_t)st.duration_ns);
     kv_u64(&b, "capture", st.capture);
+    kv_u64(&b, "sysv", (uint64_t)ck_sysv_objects());
     send_line(&b);
 }
 

@@ -307,6 +307,8 @@ int ck_dump_dgram(struct ck_image *im, struct ck_fd *f, int family, int type, co
 /* let unsent TCP bytes leave, for up to timeout_ms (0: just look); returns
  * how many sockets still hold some (any past the ones it can track count) */
 int ck_tcp_settle(int timeout_ms) CK_HIDDEN;
+/* whether the process's IPC namespace holds any System V object (1 when it cannot tell) */
+int ck_sysv_objects(void) CK_HIDDEN;
 
 /* ---- files.c ---- */
 void ck_files_track_fd(int fd) CK_HIDDEN;
