@@ -5,8 +5,8 @@ phase of a checkpoint (reserve, ready, prepare, drain, dump, flush,
 finalize, commit, resume), of a restart (verify, rebuild, release, lazy fill) and of an
 upload to the shared tier (upload).  A round that needs no drain (nothing
 unsent) passes its drain points all the same: the agent's at the end of the
-prepare, the coordinator's where the phase would have run.  With ``CKPTD_FAULT`` unset, ``point``
-returns at once: one test of a module global.
+prepare, the coordinator's where the phase would have run.  With
+``CKPTD_FAULT`` unset, ``point`` returns at once: one test of a module global.
 
 ``CKPTD_FAULT=WHO:PHASE:SIGNAL`` (e.g. ``agent:dump:KILL``, ``job:prepare:STOP``)
 sends SIGNAL to WHO the first time that phase ends in this process:
