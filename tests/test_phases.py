@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from ckptd.coordinator.steps import Sent, on_agent_clock, step_answer
-from conftest import PYTHON, WORKLOADS, Ckptd, checkpoint_stopped_at
+from conftest import PYTHON, WORKLOADS, Ckptd, checkpoint_stopped_at, run_plain
 
 from ckptd.errors import CkptdError, Code
 from ckptd.paths import Home, default_node
@@ -110,8 +109,7 @@ def test_unsent_tcp_bytes_are_drained_and_come_back_once(ckptd: Ckptd) -> None:
     (SETTLE, which finds them stuck), the dump saves them, and after a
     kill -9 and a restart each of them arrives exactly once."""
     argv = [PYTHON, str(WORKLOADS / "tcp_full.py"), "100"]
-    plain = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True)
-    assert plain.stdout.splitlines()[-1] == "every byte once True", plain.stdout
+    plain = run_plain(argv)
     ckptd.launch("full", argv)
     ckptd.wait_log("full", r"^tick 5$")
     taken = ckptd.checkpoint("full")
@@ -119,6 +117,7 @@ def test_unsent_tcp_bytes_are_drained_and_come_back_once(ckptd: Ckptd) -> None:
     ckptd.kill9("full")
     ckptd.ctl("restart", "full")
     assert ckptd.wait("full") == 0
+    assert plain.stdout.splitlines()[-1] == "every byte once True", plain.stdout
     assert ckptd.log("full", "stdout") == plain.stdout
 
 
