@@ -46,11 +46,16 @@ int ck_arena_setup(void)
     return 0;
 }
 
+/* The page writer needs the scratch tables and the kept part (track.c);
+ * not the early maps copy, read before this dump and spent by it, nor
+ * the staging area, which no dump with a writer uses.  Both stay wiped
+ * in the writer: their resident pages (megabytes: the staging area is
+ * faulted in ahead) cost the fork no page table copies. */
 int ck_arena_inherit(int on)
 {
     if (!arena_base)
         return -EINVAL;
-    return (int)ck_madvise(arena_base, ARENA_SIZE, on ? MADV_KEEPONFORK : MADV_WIPEONFORK);
+    return (int)ck_madvise(arena_base, SCRATCH_END + KEEP_SIZE, on ? MADV_KEEPONFORK : MADV_WIPEONFORK);
 }
 
 void ck_arena_reset(void)

@@ -59,6 +59,11 @@ struct mem_ctx {
     struct ck_iov iov[CK_IOV_BATCH];
     int niov;
     uint64_t batch_off, batch_len;
+    /* the file the previous mapping named, as stat() found it: a library is
+     * mapped four or five times in a row, and one look serves them all */
+    const char *stat_path;
+    long stat_rc;
+    struct stat stat_st;
 };
 
 /* write the batched runs; 0 or -errno */
@@ -494,11 +499,16 @@ static int on_mapping(const struct ck_map_entry *e, void *vctx)
     }
 
     v->path = ck_image_string(im, path);
-    struct stat st;
     int same_file = 0;
-    if (!ck_endswith(path, " (deleted)") && ck_stat(path, &st) == 0)
-        same_file = st.st_ino == e->ino &&
-                    major(st.st_dev) == e->dev_major && minor(st.st_dev) == e->dev_minor;
+    if (!ck_endswith(path, " (deleted)")) {
+        if (!m->stat_path || ck_strcmp(m->stat_path, path) != 0) {
+            m->stat_rc = ck_stat(path, &m->stat_st);
+            m->stat_path = path;  /* in the maps text, which outlives the parse */
+        }
+        same_file = m->stat_rc == 0 && m->stat_st.st_ino == e->ino &&
+                    major(m->stat_st.st_dev) == e->dev_major && minor(m->stat_st.st_dev) == e->dev_minor;
+    }
+    const struct stat *st = &m->stat_st;
     if (!same_file) {
         /* deleted, or replaced on disk since it was mapped */
         if (e->shared && ck_endswith(path, " (deleted)"))
@@ -509,10 +519,10 @@ static int on_mapping(const struct ck_map_entry *e, void *vctx)
         return dump_all_readable(m, e->start, e->end);
     }
     v->flags |= CK_VMA_FILE;
-    v->dev = st.st_dev;
-    v->ino = st.st_ino;
-    v->file_size = (uint64_t)st.st_size;
-    v->mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec;
+    v->dev = st->st_dev;
+    v->ino = st->st_ino;
+    v->file_size = (uint64_t)st->st_size;
+    v->mtime_ns = (int64_t)st->st_mtim.tv_sec * 1000000000LL + st->st_mtim.tv_nsec;
     if (e->shared)  /* contents live in the file; saved if the job can change them */
         return (e->vmflags & CK_VMF_MAYWRITE) ? ck_save_written_file(im, path, &m->files_bytes) : 0;
     return dump_present(m, e->start, e->end, 1);
@@ -558,11 +568,12 @@ static int is_header(const char *s)
     return (*s >= '0' && *s <= '9') || (*s >= 'a' && *s <= 'f');
 }
 
-/* the smaps text read early, if its mappings are exactly those of maps */
-static const char *premaps_if_current(const char *maps, long n, long *len)
+/* the smaps text read early, if its mappings are exactly those of maps;
+ * the caller may parse it in place (it serves one dump) */
+static char *premaps_if_current(const char *maps, long n, long *len)
 {
     size_t cap;
-    const char *sm = ck_arena_premaps(&cap);
+    char *sm = ck_arena_premaps(&cap);
     long sl = premaps_len;
     premaps_len = -1;  /* good for one dump */
     if (!sm || sl < 0 || __atomic_load_n(&advice_calls, __ATOMIC_SEQ_CST) != premaps_calls)
@@ -613,9 +624,9 @@ int ck_dump_memory(struct ck_image *im, uint64_t *pages_bytes, uint64_t *files_b
     if (n < 0)
         return ck_image_fail(im, "cannot read /proc/self/maps", 0, n);
     long early = 0;
-    const char *sm = premaps_if_current(maps, n, &early);
+    char *sm = premaps_if_current(maps, n, &early);
     if (sm) {
-        ck_memcpy(maps, sm, (size_t)early);  /* parsed in place: a scratch copy */
+        maps = sm;  /* parsed in place: the early copy serves this dump only */
         n = early;
     } else {
         n = ck_read_file("/proc/self/smaps", maps, cap);
