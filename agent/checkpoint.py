@@ -27,6 +27,7 @@ import fcntl
 import logging
 import os
 import re
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -201,6 +202,9 @@ class Ready:
     live: list[int]  # the job's processes (host pids) as its scan found them; each was sent PREMAP
     sync: str  # why the pages must be written during the pause ("": a writer may fork)
     total: int  # their anonymous resident bytes: the write's expected size
+    # the image directories it made (proc-P, by path), each with the ids it
+    # was given to (Checkpointer._image_dir): the dump makes none of these again
+    dirs: dict[str, tuple[int, int] | None]
 
     def matches(self, ckpt_id: int, pids: Iterable[int] | None = None) -> bool:
         """For this round, recent, and (pids given) for exactly these processes."""
@@ -237,10 +241,12 @@ class Checkpointer:
         needs no parked process is done here, once, rather than in every
         rank's pause, where the ranks sharing a node's cores would wait for
         each other's (the stall starts after this step): the storage's free
-        space, each process's memory map read early (PREMAP), and whether
-        its pages fit to be copied by a writer (capture_budget).  The
-        prepare and dump that follow use it if the job's processes are the
-        same ones, and do again what changed."""
+        space, each process's image directory and files (made by the agent,
+        then by its shim at PREMAP: creating a file can cost a metadata
+        server's round trip), each process's memory map read early (PREMAP),
+        and whether its pages fit to be copied by a writer (capture_budget).
+        The prepare and dump that follow use it if the job's processes are
+        the same ones, and do again what changed."""
         with job.cond:
             self._ready.pop(job.name, None)
         self._check_running(job)
@@ -250,11 +256,14 @@ class Checkpointer:
         if check_space:
             self._check_space(job, directory, live)
         conns = self._shims_for(job, set(), live)  # a process the shim cannot reach is refused now
-        self._premap(conns)
+        writers = self._open_round(job, directory, conns)
+        dirs = {c.host_pid: self._image_dir(directory, c, job.owner, writers.get(c.host_pid), {}) for c in conns}
+        self._premap(conns, dirs)
         pids = [c.host_pid for c in conns]
         room = capture_budget.budget(pids)
         total = sum(resident_anon(p) for p in pids)
-        found = Ready(ckpt_id, time.monotonic(), pids, "" if room.fits else room.why(), total)
+        made = {str(dirs[c.host_pid]): writers.get(c.host_pid) for c in conns}
+        found = Ready(ckpt_id, time.monotonic(), pids, "" if room.fits else room.why(), total, made)
         with job.cond:
             self._ready[job.name] = found
 
@@ -301,16 +310,19 @@ class Checkpointer:
         )
 
     @staticmethod
-    def _premap(conns: list[ShimConnection]) -> None:
+    def _premap(conns: list[ShimConnection], dirs: dict[int, Path] | None = None) -> None:
         """Every process reads its memory map while still running (slow for
         big mappings, and the parked ones would wait for it); the dump uses
-        that copy if nothing was mapped or unmapped since.  Best effort."""
+        that copy if nothing was mapped or unmapped since.  dirs (host pid:
+        its image directory): the shim also creates its image's files there
+        now (native/shim/image_dir.c).  Best effort."""
 
         def one(conn: ShimConnection) -> None:
+            where = {"dir": str(dirs[conn.host_pid])} if dirs and conn.host_pid in dirs else {}
             # short: a process that cannot answer (stopped, say) is the
             # QUIESCE's to report, within the deadline the coordinator keeps
             with contextlib.suppress(CkptdError):
-                conn.request("PREMAP", timeout=PREMAP_TIMEOUT_S)
+                conn.request("PREMAP", timeout=PREMAP_TIMEOUT_S, **where)
 
         _side_by_side(one, conns)
 
@@ -485,6 +497,49 @@ class Checkpointer:
         if reply.int("stuck"):
             log.info("pid %d: %d TCP socket(s) keep unsent bytes (a full window)", conn.pid, reply.int("stuck"))
 
+    @staticmethod
+    def _image_dir(
+        directory: str,
+        conn: ShimConnection,
+        owner: Owner,
+        writer: tuple[int, int] | None,
+        made: dict[str, tuple[int, int] | None],
+    ) -> Path:
+        """A process's image directory, proc-P under the round's directory:
+        the process writes its image there as the job's owner (or, in a
+        root job, as the filesystem ids it has taken: writer).  made: those
+        the ready step made, with the ids each was given to; one made for
+        the same ids is left as it is."""
+        pdir = Path(directory) / f"proc-{conn.pid}"
+        key = str(pdir)
+        if key in made and made[key] == writer:
+            return pdir
+        try:
+            pdir.mkdir(parents=True, exist_ok=key in made)
+            give_dir(pdir, owner, writer)
+        except OSError as e:
+            raise _storage_error(f"{e.strerror} (errno {e.errno})", directory) from e
+        return pdir
+
+    @staticmethod
+    def _open_round(job: JobRuntime, directory: str, conns: list[ShimConnection]) -> dict[int, tuple[int, int] | None]:
+        """The job's processes, as its owner, pass through the round's
+        directories; so do a root job's processes that write as other ids
+        (and the job's directory then too): only then, else they stay 0700.
+        Returns the filesystem ids each process writes with, in a root job
+        (fs_ids; none otherwise)."""
+        writers = {c.host_pid: fs_ids(c.host_pid) for c in conns} if job.owner.any_uid else {}
+        others = any(ids is not None and ids[0] != job.owner.uid for ids in writers.values())
+        if job.owner.switch or others:
+            rdir = Path(directory)
+            try:
+                dirs = (rdir.parent, rdir) if rdir.name.startswith("rank-") else (rdir,)
+                for d in (job.job_dir.path, *dirs) if others else dirs:
+                    open_to_owner(d, job.owner)
+            except OSError as err:
+                raise _storage_error(f"{err.strerror} (errno {err.errno})", directory) from err
+        return writers
+
     def _dump_one(
         self,
         conn: ShimConnection,
@@ -494,19 +549,13 @@ class Checkpointer:
         key: bytes | None = None,
         sync: str = "",
         writer: tuple[int, int] | None = None,
+        made: dict[str, tuple[int, int] | None],
     ) -> tuple[pb.ProcessDump, bool]:
         """sync: why the process must write its pages during the pause ("": it may fork a writer);
-        writer: the filesystem ids it writes with (fs_ids), when a root job's process may have dropped them.
+        writer: the filesystem ids it writes with (fs_ids), when a root job's process may have dropped them;
+        made: the image directories the ready step made (Ready.dirs).
         Also returns whether its IPC namespace holds System V objects, as its shim saw it."""
-        directory = request.dir
-        pdir = Path(directory) / f"proc-{conn.pid}"
-        try:
-            pdir.mkdir(parents=True, exist_ok=False)
-            # the process writes its image there as the job's owner (or, in a root
-            # job, as the ids it has taken)
-            give_dir(pdir, owner, writer)
-        except OSError as e:
-            raise _storage_error(f"{e.strerror} (errno {e.errno})", directory) from e
+        pdir = self._image_dir(request.dir, conn, owner, writer, made)
         # the image's final place, relative to the job's directory: a later
         # incremental image of this process refers to its pages there
         parts = _image_parts(request.name, request.part, pdir.name)
@@ -530,7 +579,7 @@ class Checkpointer:
             what = f"pid {conn.pid} in the job ({conn.exe}): {e.message}"
             if e.transient or conn.gone():  # a passing state, or it exited: the coordinator tries again
                 raise CkptdError(Code.ABORTED, f"cannot checkpoint now: {what}", transient=True) from None
-            raise _storage_error(what, directory) from None
+            raise _storage_error(what, request.dir) from None
         dump = pb.ProcessDump(
             pid=conn.pid,
             host_pid=conn.host_pid,
@@ -572,25 +621,14 @@ class Checkpointer:
         with job.cond:
             job.operation = f"checkpoint {ckpt_id}: writing"
             ready = self._ready.pop(job.name, None)
+        made = ready.dirs if ready is not None else {}  # made, whatever else changed since
         if ready is not None and not ready.matches(ckpt_id, (c.host_pid for c in conns)):
             ready = None  # a process forked or exited since: decided again, now
         # a full image holds about the processes' anonymous memory; what an
         # incremental one holds is known only once written
         total = 0 if request.parent else ready.total if ready else sum(resident_anon(c.host_pid) for c in conns)
         writing = Transfer("writing", total, probe=lambda: _bytes_under(Path(request.dir)))
-        # the job's processes, as its owner, pass through the round's directories;
-        # so do a root job's processes that write as other ids (and the job's
-        # directory then too): only then, else they stay 0700
-        writers = {c.host_pid: fs_ids(c.host_pid) for c in conns} if job.owner.any_uid else {}
-        others = any(ids is not None and ids[0] != job.owner.uid for ids in writers.values())
-        if job.owner.switch or others:
-            rdir = Path(request.dir)
-            try:
-                dirs = (rdir.parent, rdir) if rdir.name.startswith("rank-") else (rdir,)
-                for d in (job.job_dir.path, *dirs) if others else dirs:
-                    open_to_owner(d, job.owner)
-            except OSError as err:
-                raise _storage_error(f"{err.strerror} (errno {err.errno})", request.dir) from err
+        writers = self._open_round(job, request.dir, conns)
         with self.transfers.running(job.name, writing):
             # every process is parked: they write their images side by side
             key = job.key()  # re-read each time: never kept on disk by ckptd
@@ -603,7 +641,7 @@ class Checkpointer:
                 log.warning("job %s: checkpoint %d written during the pause: %s", job.name, ckpt_id, sync)
             dumped = _side_by_side(
                 lambda conn: self._dump_one(
-                    conn, request, job.owner, key=key, sync=sync, writer=writers.get(conn.host_pid)
+                    conn, request, job.owner, key=key, sync=sync, writer=writers.get(conn.host_pid), made=made
                 ),
                 conns,
             )
@@ -899,6 +937,12 @@ class Checkpointer:
                     dedup.forget_spec(d / pd.dir)
         job.fault("flush")
         warming.join()
+        # a process the ready step made an image directory for, gone before
+        # its dump, left it behind with its empty files: not part of the image
+        dumped = {pd.dir for pd in dumps}
+        for stray in d.glob("proc-*"):
+            if stray.name not in dumped:
+                shutil.rmtree(stray, ignore_errors=True)
         for pd in dumps:  # written as the job's owner, read here as root: nothing but its own files
             check_owned_tree(d / pd.dir, job.owner)
         t_pages = time.monotonic()

@@ -524,22 +524,40 @@ static int write_core(struct ck_image *im, uint64_t pages_bytes, uint64_t *core_
     }
     h.file_size = off;
 
-    long fd = ck_openat(im->dirfd, "core.img", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    long fd = im->core_fd;  /* made before the pause (image_dir.c), or now */
+    im->core_fd = -1;
+    if (fd < 0)
+        fd = ck_openat(im->dirfd, "core.img", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0)
         return ck_image_fail(im, "cannot create core.img", 0, fd);
-    int rc = ck_write_all((int)fd, &h, sizeof(h));
+    /* one write: the header, then each section padded to 8 bytes */
     static const char zeros[8];
-    for (int i = 0; i < ns && rc == 0; i++) {
-        rc = ck_write_all((int)fd, secs[i].data, secs[i].size);
+    struct ck_iov iov[1 + 2 * CK_MAX_SECTIONS];
+    int n = 0;
+    iov[n++] = (struct ck_iov){&h, sizeof(h)};
+    for (int i = 0; i < ns; i++) {
         size_t pad = ((secs[i].size + 7) & ~7ull) - secs[i].size;
-        if (rc == 0 && pad)
-            rc = ck_write_all((int)fd, zeros, pad);
+        if (secs[i].size)
+            iov[n++] = (struct ck_iov){secs[i].data, secs[i].size};
+        if (pad)
+            iov[n++] = (struct ck_iov){zeros, pad};
     }
+    int rc = ck_pwritev_all((int)fd, iov, n, 0);
     ck_close((int)fd);
     if (rc < 0)
         return ck_image_fail(im, "cannot write core.img", 0, rc);
     *core_bytes = off;
     return 0;
+}
+
+static void close_image_fds(struct ck_image *im)
+{
+    int *fds[] = {&im->dirfd, &im->core_fd, &im->pages_fd};
+    for (size_t i = 0; i < sizeof(fds) / sizeof(fds[0]); i++)
+        if (*fds[i] >= 0) {
+            ck_close(*fds[i]);
+            *fds[i] = -1;
+        }
 }
 
 static int image_init(struct ck_image *im)
@@ -582,25 +600,32 @@ int ck_dump(const struct ck_dump_args *a, struct ck_dump_stats *st, char *err, s
     im.n_own_fds = 0;
     im.retry = 0;
     im.diag_fd = -1;
+    im.core_fd = -1;
     im.pages_fd = -1;
     ck_image_add_own_fd(&im, ck_shim.agent_fd);
+    /* made at PREMAP, before the pause (image_dir.c), or now */
+    int staged = ck_image_dir_take(a->dir, &im) == 0;
     if (image_init(&im) < 0) {
         ck_image_fail(&im, "cannot allocate checkpoint scratch memory", 0, 0);
+        close_image_fds(&im);
         return CK_DUMP_ERROR;
     }
-    im.dirfd = (int)ck_open(a->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
+    if (!staged)
+        im.dirfd = (int)ck_open(a->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
     if (im.dirfd < 0) {
         ck_image_fail(&im, "cannot open the image directory", a->dir, im.dirfd);
         return CK_DUMP_ERROR;
     }
     ck_image_add_own_fd(&im, im.dirfd);
+    ck_image_add_own_fd(&im, im.core_fd);
+    ck_image_add_own_fd(&im, im.pages_fd);
     /* A process that changed its ids is not dumpable: its /proc files are
      * root's, and it could not read its own auxv, pagemap or mem.  It is
      * parked: dumpable for the dump, as it was afterwards (and restored so). */
     long dumpable = ck_prctl(PR_GET_DUMPABLE, 0, 0, 0, 0);
     if (dumpable != 0 && dumpable != 1) {
         ck_image_fail(&im, "the process is dumpable only by root (suid_dumpable mode 2), which ckptd cannot set again", 0, 0);
-        ck_close(im.dirfd);
+        close_image_fds(&im);
         return CK_DUMP_ERROR;
     }
     im.proc.dumpable = (uint32_t)dumpable;
@@ -616,7 +641,7 @@ int ck_dump(const struct ck_dump_args *a, struct ck_dump_stats *st, char *err, s
             ck_image_fail(&im, "cannot encrypt: the key is malformed or this CPU lacks AES-NI/PCLMULQDQ", 0, 0);
         if (!dumpable)
             ck_prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
-        ck_close(im.dirfd);
+        close_image_fds(&im);
         return CK_DUMP_ERROR;
     }
     ck_track_begin(&im, a->base, a->self);
@@ -648,9 +673,7 @@ int ck_dump(const struct ck_dump_args *a, struct ck_dump_stats *st, char *err, s
     if (!dumpable)
         ck_prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     ck_seal_end();
-    if (im.pages_fd >= 0)
-        ck_close(im.pages_fd);  /* the writer holds its own copy */
-    ck_close(im.dirfd);
+    close_image_fds(&im);  /* the writer holds its own copies */
     if (rc != 0)
         return im.retry ? CK_DUMP_RETRY : CK_DUMP_ERROR;
     st->nvmas = (uint32_t)im.vmas.count;

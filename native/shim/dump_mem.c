@@ -637,11 +637,14 @@ int ck_dump_memory(struct ck_image *im, uint64_t *pages_bytes, uint64_t *files_b
     /* renamed to pages.img once complete (writeout.c); locked until then,
      * so that the agent can wait for a writer whose parent is gone */
     /* read as well: the writer hashes what the pause wrote (checksum.c) */
-    m.pages_fd = (int)ck_openat(im->dirfd, "pages.img.part", O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    /* made before the pause (image_dir.c), or now */
+    m.pages_fd = im->pages_fd >= 0 ? im->pages_fd
+                                   : (int)ck_openat(im->dirfd, "pages.img.part", O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (m.pages_fd < 0)
         return ck_image_fail(im, "cannot create pages.img", 0, m.pages_fd);
+    if (im->pages_fd < 0)
+        ck_image_add_own_fd(im, m.pages_fd);
     im->pages_fd = m.pages_fd;
-    ck_image_add_own_fd(im, m.pages_fd);
     long lk = ck_flock(m.pages_fd, LOCK_EX);
     if (lk < 0)
         return ck_image_fail(im, "cannot lock pages.img.part", 0, lk);

@@ -5,7 +5,8 @@
  * Protocol (one line per message, tab-separated, values percent-encoded;
  * see agent/shim_link.py for the agent's side):
  *   shim  -> agent  HELLO job= pid= tid= ppid= exe= restored=0|1 checkpoint=
- *   agent -> shim   PREMAP                -> PREMAPPED  (smaps read early, before parking)
+ *   agent -> shim   PREMAP [dir=]         -> PREMAPPED  (smaps read early, before parking;
+ *                   dir: the image directory, whose files are made now: image_dir.c)
  *   agent -> shim   QUIESCE timeout_ms=   -> QUIESCED threads= unsent=   | ERROR msg=
  *                   (unsent: TCP sockets holding written, unsent bytes once
  *                   parked; 0 in every process: the round needs no SETTLE)
@@ -453,6 +454,8 @@ static void handle_command(char *line)
     if (ck_startswith(line, "QUIESCE")) {
         handle_quiesce(line);
     } else if (ck_startswith(line, "PREMAP")) {
+        static char dir[4096];
+        ck_image_dir_prepare(msg_copy(line, "dir", dir, sizeof(dir)));  /* the image's files, before the pause */
         if (ck_arena_setup() < 0 || ck_premaps_capture() < 0)
             reply_error("cannot read /proc/self/smaps");
         else
@@ -470,6 +473,7 @@ static void handle_command(char *line)
             ck_shim.lazy_fd = -1;
         }
         int parked = ck_is_parked();
+        ck_image_dir_drop();  /* staged for a dump that did not come */
         ck_flight_close();  /* the agent has compared them with the job's descriptors (dump_sockets.c) */
         if (ck_startswith(line, "ABORT"))
             ck_writeout_discard();
@@ -564,6 +568,7 @@ static void after_fork_child(void)
     ck_sigev_after_fork();
     ck_sem_undo_after_fork();  /* fork does not pass SEM_UNDO adjustments on */
     ck_writeout_after_fork();
+    ck_image_dir_after_fork();
     /* the child shares the parent's socket: leave it to the parent */
     if (ck_shim.agent_fd >= 0)
         ck_close(ck_shim.agent_fd);

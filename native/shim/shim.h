@@ -131,6 +131,7 @@ int ck_dump(const struct ck_dump_args *a, struct ck_dump_stats *st, char *err, s
 /* the image being built; sections are tables in the arena */
 struct ck_image {
     int dirfd;
+    int core_fd;              /* core.img made before the pause (image_dir.c), or -1 */
     int pages_fd;             /* pages.img.part, flock()ed until it is complete */
     int diag_fd;              /* NETLINK_SOCK_DIAG while descriptors are described */
     int own_fds[8];           /* the shim's descriptors: never part of the image */
@@ -159,6 +160,15 @@ int ck_image_fail(struct ck_image *im, const char *what, const char *detail, lon
 int ck_image_passing(struct ck_image *im, int rc) CK_HIDDEN;
 int ck_image_is_own_fd(struct ck_image *im, int fd) CK_HIDDEN;
 void ck_image_add_own_fd(struct ck_image *im, int fd) CK_HIDDEN;
+
+/* ---- image_dir.c: the image's directory and files, made before the pause ---- */
+/* PREMAP dir=: open it and create core.img, pages.img.part and files/ (best effort) */
+void ck_image_dir_prepare(const char *dir) CK_HIDDEN;
+/* DUMP dir=: 0 and im's dirfd, core_fd and pages_fd set if dir is the one
+ * prepared (by this process, with its ids now); else -1, nothing kept */
+int ck_image_dir_take(const char *dir, struct ck_image *im) CK_HIDDEN;
+void ck_image_dir_drop(void) CK_HIDDEN;        /* close what was not taken */
+void ck_image_dir_after_fork(void) CK_HIDDEN;  /* in a child: its copies closed */
 
 /* ---- track.c: pages written since the last image ---- */
 #define CK_SOURCE_PATH 256
