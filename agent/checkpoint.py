@@ -205,6 +205,10 @@ class Ready:
     # the image directories it made (proc-P, by path), each with the ids it
     # was given to (Checkpointer._image_dir): the dump makes none of these again
     dirs: dict[str, tuple[int, int] | None]
+    # those of live with an NVIDIA device open (gpu.cuda_pids: a listing of
+    # every descriptor, too slow for every rank's pause); one opened after
+    # this is refused at its dump, as a passing state (native/shim/dump_fds.c)
+    cuda: list[int]
 
     def matches(self, ckpt_id: int, pids: Iterable[int] | None = None) -> bool:
         """For this round, recent, and (pids given) for exactly these processes."""
@@ -263,7 +267,7 @@ class Checkpointer:
         room = capture_budget.budget(pids)
         total = sum(resident_anon(p) for p in pids)
         made = {str(dirs[c.host_pid]): writers.get(c.host_pid) for c in conns}
-        found = Ready(ckpt_id, time.monotonic(), pids, "" if room.fits else room.why(), total, made)
+        found = Ready(ckpt_id, time.monotonic(), pids, "" if room.fits else room.why(), total, made, cuda_pids(pids))
         with job.cond:
             self._ready[job.name] = found
 
@@ -411,7 +415,7 @@ class Checkpointer:
         try:
             if self._cancelled.get(job.name) == ckpt_id:
                 raise CkptdError(Code.ABORTED, f"checkpoint {ckpt_id} of job {job.name} was aborted before it began")
-            self._device_to_host(job, ckpt_id, timeout_s, live)
+            self._device_to_host(job, ckpt_id, timeout_s, ready.cuda if ready is not None else cuda_pids(live))
             parked, threads, unsent = self._quiesce_tree(job, timeout_s, live, set(ready.live) if ready else set())
         except CkptdError:
             self._device_back(job, quiet=True)  # the first error is the one to report
@@ -436,11 +440,11 @@ class Checkpointer:
             self._drained.add(job.name)
         return pb.PrepareResponse(processes=len(parked), threads=threads, drained=not unsent)
 
-    def _device_to_host(self, job: JobRuntime, ckpt_id: int, timeout_s: float, live: list[int]) -> None:
-        """CUDA processes: their device memory into their host memory, before
-        anything is parked (agent/gpu.py).  A job that never touched CUDA
-        has nothing to do here."""
-        pids = cuda_pids(live)
+    def _device_to_host(self, job: JobRuntime, ckpt_id: int, timeout_s: float, pids: list[int]) -> None:
+        """CUDA processes (pids: those of the job with an NVIDIA device
+        open): their device memory into their host memory, before anything
+        is parked (agent/gpu.py).  A job that never touched CUDA has
+        nothing to do here."""
         self._cuda_dumped[job.name] = set(pids)
         if not pids:
             return

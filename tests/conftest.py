@@ -445,17 +445,23 @@ class StoppedRound:
     """A checkpoint whose daemon checkpoint_stopped_at stopped: its result once it went on."""
 
     info: dict[str, Any]
+    error: str  # its standard error, when it was to fail
 
 
 @contextlib.contextmanager
-def checkpoint_stopped_at(c: Ckptd, fault: Path, job: str, phase: str) -> Iterator[StoppedRound]:
+def checkpoint_stopped_at(
+    c: Ckptd, fault: Path, job: str, phase: str, *, succeeds: bool = True
+) -> Iterator[StoppedRound]:
     """`ckptctl checkpoint JOB --json` started and the daemon stopped (SIGSTOP,
     at its fault point, CKPTD_FAULT=@fault) at the end of PHASE for the
     block; then the daemon goes on (also when the block fails), and the
-    command must succeed: its JSON in .info."""
+    command must succeed: its JSON in .info (succeeds=False: it must fail,
+    its standard error in .error)."""
     (daemon,) = c.daemon_pids()
     fault.write_text(f"daemon:{phase}:STOP")
-    p = subprocess.Popen([CKPTCTL, "checkpoint", job, "--json"], env=c.env, stdout=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [CKPTCTL, "checkpoint", job, "--json"], env=c.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     taken = StoppedRound()
     try:
         deadline = time.monotonic() + 30
@@ -465,9 +471,13 @@ def checkpoint_stopped_at(c: Ckptd, fault: Path, job: str, phase: str) -> Iterat
         yield taken
     finally:
         os.kill(daemon, signal.SIGCONT)
-    out, _ = p.communicate(timeout=120)
-    assert p.returncode == 0, out
-    taken.info = json.loads(out)
+    out, err = p.communicate(timeout=120)
+    if succeeds:
+        assert p.returncode == 0, out + err
+        taken.info = json.loads(out)
+    else:
+        assert p.returncode != 0, out
+        taken.error = err
 
 
 REACHABLE = Path(tempfile.gettempdir()) / "ckptd-tests-reachable.json"  # shared by the xdist workers

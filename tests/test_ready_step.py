@@ -6,7 +6,10 @@ A process's image directory and files are made there (native/shim/image_dir.c):
 creating a file can cost a metadata server's round trip, and none of that
 needs a parked process.  The dump takes them only if they are still what
 was made: a process gone since leaves nothing in the checkpoint, and a
-program that took the descriptors over meanwhile is never written into."""
+program that took the descriptors over meanwhile is never written into.
+The processes with an NVIDIA device open are listed there too (a readlink
+of every descriptor); one opened later is refused at the dump as a passing
+state, and the round's next attempt finds it."""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ import json
 import os
 import re
 import signal
+import stat
 import time
 from pathlib import Path
 
@@ -117,3 +121,51 @@ def test_descriptors_the_program_took_over_are_never_written(ckptd: Ckptd, tmp_p
     assert out[-1] == "done" and len(out) == 201, out[-3:]
     assert all(line.endswith(" intact") for line in out[:-1]), [x for x in out if "CHANGED" in x]
     assert own.read_bytes() == b"the program's own bytes\n"
+
+
+OPENS_LATE = r"""
+import os, sys, time
+trigger, device = sys.argv[1], sys.argv[2]
+held = None
+for i in range(400):
+    if held is None and os.path.exists(trigger):
+        held = os.open(device, os.O_RDWR)
+        print("opened", flush=True)
+    print(f"tick {i}", flush=True)
+    time.sleep(0.05)
+"""
+
+
+def test_a_gpu_device_opened_after_the_ready_step_is_the_next_attempts(ckptd: Ckptd, tmp_path: Path) -> None:
+    """The program opens an NVIDIA device node (a stand-in: /dev/null's
+    numbers under a /dev/nvidia name) after the ready step listed the
+    processes holding one.  Its dump refuses it as a passing state, not as
+    an unsupported character device: the coordinator runs the round again,
+    and that round's ready step finds the device and tries to move its
+    memory, which needs cuda-python, not installed here.  The job runs on
+    and nothing is committed."""
+    c = ckptd
+    fault, trigger = tmp_path / "fault", tmp_path / "trigger"
+    device = Path(f"/dev/nvidia-ckptd-test-{os.getpid()}")
+    os.mknod(device, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    try:
+        c.env["CKPTD_FAULT"] = f"@{fault}"
+        c.launch("gpu", [PYTHON, "-c", OPENS_LATE, str(trigger), str(device)])
+        c.wait_log("gpu", r"^tick 3$")
+        log = c.log_file("gpu")
+        with checkpoint_stopped_at(c, fault, "gpu", "ready", succeeds=False) as taken:
+            trigger.touch()
+            deadline = time.monotonic() + 30
+            while b"opened" not in log.read_bytes():
+                assert time.monotonic() < deadline, "the program never opened the device"
+                time.sleep(0.05)
+        assert "needs cuda-python" in taken.error and "character device" not in taken.error, taken.error
+        # the first attempt's dump found it, and the round went again
+        daemon_log = (c.home / "logs" / "daemon.log").read_text()
+        assert "trying again" in daemon_log and "memory this round did not move" in daemon_log, daemon_log[-2000:]
+        assert c.ctl_json("list", "gpu") == []
+        assert c.status("gpu")["state"] == "running"
+        n = len(c.log("gpu").splitlines())
+        c.wait_log("gpu", rf"^tick {n + 3}$")  # and it goes on
+    finally:
+        device.unlink()

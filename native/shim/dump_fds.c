@@ -254,6 +254,11 @@ static int classify(struct ck_image *im, struct ck_fd *f, const char *target, co
             f->type = CK_FD_STDIO;  /* the terminal will be gone: use the log */
             return 0;
         }
+        /* the agent moves a GPU's memory out, closing these, for the
+         * processes that held one at the round's ready step (agent/gpu.py):
+         * one opened since is the next round's to move */
+        if (ck_startswith(target, "/dev/nvidia"))
+            return ck_image_passing(im, ck_fail_fd(im, fd, "an NVIDIA device whose memory this round did not move (opened after the round began: the next one moves it)", target));
         return ck_fail_fd(im, fd, "character device", target);
     case S_IFIFO:
         if (!ck_startswith(target, "pipe:")) {
