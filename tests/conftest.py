@@ -480,6 +480,17 @@ def checkpoint_stopped_at(
         taken.error = err
 
 
+def trigger_and_wait(trigger: Path, log: Path, said: bytes, never: str, timeout: float = 30) -> None:
+    """Touch trigger, then wait until the job's log (its file, read
+    directly: no command is answered while a daemon is stopped) holds
+    said; never: what the failure says."""
+    trigger.touch()
+    deadline = time.monotonic() + timeout
+    while said not in log.read_bytes():
+        assert time.monotonic() < deadline, never
+        time.sleep(0.05)
+
+
 REACHABLE = Path(tempfile.gettempdir()) / "ckptd-tests-reachable.json"  # shared by the xdist workers
 
 

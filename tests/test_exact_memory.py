@@ -18,6 +18,7 @@ from conftest import (
     exact_round_trip,
     kill_restart_finish,
     run_plain,
+    trigger_and_wait,
 )
 
 STEPS = "60"
@@ -118,13 +119,8 @@ def test_advice_given_after_the_early_maps_read(ckptd: Ckptd, tmp_path: Path) ->
     c.env["CKPTD_FAULT"] = f"@{fault}"  # read by the daemon, which the first command starts
     c.launch("advise", [PYTHON, "-c", ADVISED_LATE, str(trigger), "160"])
     c.wait_log("advise", r"^tick 3 \[\]$")
-    log = c.log_file("advise")  # read directly: no command is answered while the daemon is stopped
     with checkpoint_stopped_at(c, fault, "advise", "ready") as taken:
-        trigger.touch()
-        deadline = time.monotonic() + 30
-        while b"advised" not in log.read_bytes():
-            assert time.monotonic() < deadline, "the program never advised its mapping"
-            time.sleep(0.05)
+        trigger_and_wait(trigger, c.log_file("advise"), b"advised", "the program never advised its mapping")
     c.kill9("advise")
     c.ctl("restart", "advise", "--from", str(taken.info["id"]))
     assert c.wait("advise") == 0

@@ -18,10 +18,9 @@ import os
 import re
 import signal
 import stat
-import time
 from pathlib import Path
 
-from conftest import PYTHON, WORKLOADS, Ckptd, checkpoint_stopped_at, kill_restart_finish, run_plain
+from conftest import PYTHON, WORKLOADS, Ckptd, checkpoint_stopped_at, kill_restart_finish, run_plain, trigger_and_wait
 
 # The ckptd descriptors that name the round's temporary directory are
 # replaced by the program's own file, once the trigger exists; every tick
@@ -102,13 +101,8 @@ def test_descriptors_the_program_took_over_are_never_written(ckptd: Ckptd, tmp_p
     c.env["CKPTD_FAULT"] = f"@{fault}"
     c.launch("takes", [PYTHON, "-c", TAKES_OVER, str(trigger), str(own), "200"])
     c.wait_log("takes", r"^tick 3 intact$")
-    log = c.log_file("takes")  # read directly: no command is answered while the daemon is stopped
     with checkpoint_stopped_at(c, fault, "takes", "ready") as taken:
-        trigger.touch()
-        deadline = time.monotonic() + 30
-        while b"took" not in log.read_bytes():
-            assert time.monotonic() < deadline, "the program never took the descriptors over"
-            time.sleep(0.05)
+        trigger_and_wait(trigger, c.log_file("takes"), b"took", "the program never took the descriptors over")
     assert "took 3" in c.log("takes"), c.log("takes")[-500:]
     assert own.read_bytes() == b"the program's own bytes\n"
     ckpt = Path(taken.info["path"])
@@ -152,13 +146,8 @@ def test_a_gpu_device_opened_after_the_ready_step_is_the_next_attempts(ckptd: Ck
         c.env["CKPTD_FAULT"] = f"@{fault}"
         c.launch("gpu", [PYTHON, "-c", OPENS_LATE, str(trigger), str(device)])
         c.wait_log("gpu", r"^tick 3$")
-        log = c.log_file("gpu")
         with checkpoint_stopped_at(c, fault, "gpu", "ready", succeeds=False) as taken:
-            trigger.touch()
-            deadline = time.monotonic() + 30
-            while b"opened" not in log.read_bytes():
-                assert time.monotonic() < deadline, "the program never opened the device"
-                time.sleep(0.05)
+            trigger_and_wait(trigger, c.log_file("gpu"), b"opened", "the program never opened the device")
         assert "needs cuda-python" in taken.error and "character device" not in taken.error, taken.error
         # the first attempt's dump found it, and the round went again
         daemon_log = (c.home / "logs" / "daemon.log").read_text()
