@@ -266,7 +266,7 @@ class Checkpointer:
         pids = [c.host_pid for c in conns]
         room = capture_budget.budget(pids)
         total = sum(resident_anon(p) for p in pids)
-        made = {str(dirs[c.host_pid]): writers.get(c.host_pid) for c in conns}
+        made = {str(pdir): writers.get(pid) for pid, pdir in dirs.items()}
         found = Ready(ckpt_id, time.monotonic(), pids, "" if room.fits else room.why(), total, made, cuda_pids(pids))
         with job.cond:
             self._ready[job.name] = found

@@ -3,7 +3,9 @@
 Every process started under ckptd connects to the agent's shim socket and
 says HELLO; the connection then carries request/reply lines:
 
-    PREMAP                ->  PREMAPPED              read /proc/self/smaps early (still running)
+    PREMAP [dir=]         ->  PREMAPPED              read /proc/self/smaps early (still running);
+                          dir: the image directory, where core.img, pages.img.part and files/
+                          are made now (native/shim/image_dir.c)
     QUIESCE timeout_ms=N  ->  QUIESCED threads=N     park every thread
     SETTLE timeout_ms=N   ->  SETTLED stuck=N        let unsent TCP bytes leave (all parked)
     DUMP dir= base= image= depth=  ->  DUMPED <stats>   write core.img and files/, fork
