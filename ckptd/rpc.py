@@ -20,7 +20,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent import futures
 from typing import Any, TypeVar
 
@@ -164,18 +164,24 @@ _fanout = _Fanout()
 
 
 def call_many(
-    calls: list[tuple[AgentStub, str, Any, float | None, str]],
+    calls: Iterable[tuple[AgentStub, str, Any, float | None, str]],
     stopped: Callable[[int], str | None] | None = None,
     times: list[tuple[float, float]] | None = None,
+    each: Callable[[int, Any, tuple[float, float]], None] | None = None,
 ) -> list[Any]:
     """Unary RPCs (an agent's stub, the method's name, request, timeout,
     what) all at once, at most FAN_OUT in flight, on one event loop
     (_Fanout) rather than a thread each; each answer, or the CkptdError it
-    failed with, in the order given.  stopped(i), when given, is asked every
-    STOPPED_POLL_S while call i is unanswered: a reason (its peer stopped: no
-    heartbeats) fails that call at once, UNAVAILABLE, instead of at its
-    timeout, which may be hours.  times, when given, gets each call's (sent,
-    answered) on time.monotonic(), in the order given."""
+    failed with, in the order given.  Each call is sent as soon as calls
+    yields it: a caller that builds its requests one by one has the first
+    in flight before it builds the second.  stopped(i), when given, is asked
+    every STOPPED_POLL_S while call i is unanswered: a reason (its peer
+    stopped: no heartbeats) fails that call at once, UNAVAILABLE, instead of
+    at its timeout, which may be hours.  times, when given, gets each call's
+    (sent, answered) on time.monotonic(), in the order given.  each(i,
+    answer, (sent, answered)), when given, is called on this thread as each
+    call ends, in the order they end: what the caller does with an answer
+    overlaps the calls still out, and only the last one's waits for all."""
     loop = _fanout.loop()
     slots = asyncio.Semaphore(FAN_OUT)  # bound to the loop where first awaited (3.10+)
 
@@ -183,29 +189,47 @@ def call_many(
         async with slots:
             return await _fanout.call(address, method, request, timeout, stamp)
 
-    pending = []
+    pending: dict[concurrent.futures.Future[Any], int] = {}
+    whats: list[str] = []
     stamps: list[list[float]] = []
     for stub, method, request, timeout, what in calls:
         stamp = [0.0, 0.0]
-        coro = bounded(stub.address, method, request, timeout, stamp)
-        pending.append((asyncio.run_coroutine_threadsafe(coro, loop), what))
+        pending[asyncio.run_coroutine_threadsafe(bounded(stub.address, method, request, timeout, stamp), loop)] = len(
+            whats
+        )
+        whats.append(what)
         stamps.append(stamp)
-    out: list[Any] = []
-    for i, (future, what) in enumerate(pending):
-        while True:
-            try:
-                out.append(future.result(timeout=STOPPED_POLL_S if stopped else None))
-            except concurrent.futures.TimeoutError:
-                why = stopped(i) if stopped else None
-                if why is None:
-                    continue
-                future.cancel()
-                out.append(CkptdError(Code.UNAVAILABLE, why))
-            except concurrent.futures.CancelledError:
-                out.append(CkptdError(Code.ABORTED, f"{what}: the call was cancelled"))
-            except grpc.RpcError as e:
-                out.append(CkptdError.from_rpc(e, what))
-            break
+    out: list[Any] = [None] * len(whats)
+
+    def answer(future: concurrent.futures.Future[Any], i: int) -> Any:
+        try:
+            return future.result(timeout=0)
+        except concurrent.futures.CancelledError:
+            return CkptdError(Code.ABORTED, f"{whats[i]}: the call was cancelled")
+        except grpc.RpcError as e:
+            return CkptdError.from_rpc(e, whats[i])
+
+    def ended(i: int, result: Any) -> None:
+        out[i] = result
+        if each is not None:
+            sent, answered = stamps[i]
+            now = time.monotonic()
+            each(i, result, (sent or now, answered or now))
+
+    while pending:
+        done, _ = concurrent.futures.wait(
+            pending, timeout=STOPPED_POLL_S if stopped else None, return_when=concurrent.futures.FIRST_COMPLETED
+        )
+        for future in sorted(done, key=pending.__getitem__):
+            i = pending.pop(future)
+            ended(i, answer(future, i))
+        if not done and stopped is not None:
+            for future, i in list(pending.items()):
+                why = stopped(i)
+                if why is not None:
+                    future.cancel()
+                    del pending[future]
+                    ended(i, CkptdError(Code.UNAVAILABLE, why))
     if times is not None:
         now = time.monotonic()
         times.extend((sent or now, answered or now) for sent, answered in stamps)

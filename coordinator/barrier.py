@@ -159,8 +159,9 @@ class CheckpointRound:
         have answered, naming the rank."""
         targets = list(stubs)
         answers, self.sent = on_nodes(
-            [(t.node, stubs[t], make(t)) for t in targets],
+            [(t.node, stubs[t]) for t in targets],
             step,
+            lambda i: make(targets[i]),
             timeout,
             # an agent that stops (or whose host freezes) fails the round once its heartbeats stop,
             # not after the phase's timeout (hours for a dump): the other ranks are parked meanwhile
@@ -442,8 +443,13 @@ class CheckpointRound:
         # heartbeats stopped: an agent that was stopped and goes on must find
         # its ranks released.  A failure is the agent's to log (its
         # coordinator-gone watch releases them)
-        calls = [(t.node, stub, pb.ResumeRequest(job=t.name, checkpoint_id=ckpt_id)) for t, stub in parked.items()]
-        answers, _ = on_nodes(calls, "abort", 60)
+        targets = list(parked)
+        answers, _ = on_nodes(
+            [(t.node, parked[t]) for t in targets],
+            "abort",
+            lambda i: pb.ResumeRequest(job=targets[i].name, checkpoint_id=ckpt_id),
+            60,
+        )
         for t, a in zip(parked, answers, strict=True):
             if isinstance(a, CkptdError):
                 log.info("job %s: abort of checkpoint %d on %s: %s", self.record.name, ckpt_id, t.label, a.message)

@@ -266,11 +266,12 @@ def _restart_ranks(
 
     def release(rs: list[RankRecord], step: str) -> None:
         """step resume (run) or abort (end) on held ranks, one request per node (steps.on_nodes)."""
-        calls = [
-            (r.node, nodes.live_stub(r.node, record.name), pb.ResumeRequest(job=agent_job_name(record.name, r.rank)))
-            for r in rs
-        ]
-        answers, _ = on_nodes(calls, step, 60)
+        answers, _ = on_nodes(
+            [(r.node, nodes.live_stub(r.node, record.name)) for r in rs],
+            step,
+            lambda i: pb.ResumeRequest(job=agent_job_name(record.name, rs[i].rank)),
+            60,
+        )
         for r, a in zip(rs, answers, strict=True):
             if isinstance(a, CkptdError):
                 raise CkptdError(a.code, f"rank {r.rank} on {r.node}: {a.message}") from None

@@ -11,7 +11,7 @@ answers each in order, with its reply or its error (agent/server.py Steps).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,37 +58,40 @@ def on_agent_clock(reply: pb.StepsReply, out: float, back: float) -> float:
 
 
 def on_nodes(
-    calls: Sequence[tuple[str, AgentStub, Any]],
+    targets: Sequence[tuple[str, AgentStub]],
     step: str,
+    make: Callable[[int], Any],
     timeout: float,
     stopped: Callable[[str], str | None] | None = None,
 ) -> tuple[list[Any], Sent]:
-    """calls: (node, its agent's stub, the step's request) per target; step:
-    RankStep's field.  Each target's reply, or the CkptdError it failed
-    with, in the order given.  stopped(node), as for call_many: why a node
-    that has not answered must not be waited for any longer, or None."""
+    """targets: (node, its agent's stub) per target; make(i): target i's
+    request; step: RankStep's field.  Each target's reply, or the
+    CkptdError it failed with, in the order given.  stopped(node), as for
+    call_many: why a node that has not answered must not be waited for any
+    longer, or None.
+
+    As flat in the number of nodes as one thread can make it: each node's
+    request is built and sent before the next node's is built, and each
+    node's answer is read as it comes, so that only the first request's
+    building and the last answer's reading lie outside the agents' work."""
     by_node: dict[str, list[int]] = {}
-    for i, (node, _, _) in enumerate(calls):
+    for i, (node, _) in enumerate(targets):
         by_node.setdefault(node, []).append(i)
     nodes = list(by_node)
-    start, times = time.monotonic(), list[tuple[float, float]]()
-    replies = call_many(
-        [
-            (
-                calls[by_node[node][0]][1],
-                "Steps",
-                pb.StepsRequest(steps=[pb.RankStep(**{step: calls[i][2]}) for i in by_node[node]]),
-                timeout,
-                f"agent on {node}",
-            )
-            for node in nodes
-        ],
-        (lambda k: stopped(nodes[k])) if stopped else None,
-        times,
-    )
-    answers: list[Any] = [None] * len(calls)
-    sent = Sent(requests=len(nodes), issue_s=max((s for s, _ in times), default=start) - start)
-    for node, reply, (out, back) in zip(nodes, replies, times, strict=True):
+
+    def requests() -> Iterator[tuple[AgentStub, str, Any, float, str]]:
+        for node in nodes:
+            steps = [pb.RankStep(**{step: make(i)}) for i in by_node[node]]
+            yield targets[by_node[node][0]][1], "Steps", pb.StepsRequest(steps=steps), timeout, f"agent on {node}"
+
+    start = time.monotonic()
+    answers: list[Any] = [None] * len(targets)
+    sent = Sent(requests=len(nodes))
+    last_out = [start]
+
+    def answered(k: int, reply: Any, when: tuple[float, float]) -> None:
+        node, (out, back) = nodes[k], when
+        last_out[0] = max(last_out[0], out)
         indices = by_node[node]
         failed = reply if isinstance(reply, CkptdError) else None
         if failed is None and len(reply.replies) != len(indices):
@@ -100,7 +103,7 @@ def on_nodes(
         if failed is not None:
             for i in indices:
                 answers[i] = failed
-            continue
+            return
         own = 0.0
         skew = on_agent_clock(reply, out, back)
         for i, r in zip(indices, reply.replies, strict=True):
@@ -112,6 +115,9 @@ def on_nodes(
                 began = r.began - skew if reply.received else back - took
                 sent.work.append((began, began + took))
         sent.wire_s = max(sent.wire_s, back - out - own)
+
+    call_many(requests(), (lambda k: stopped(nodes[k])) if stopped else None, each=answered)
+    sent.issue_s = last_out[0] - start  # when the last request went out
     return answers, sent
 
 

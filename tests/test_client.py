@@ -159,3 +159,62 @@ def test_call_many_has_every_call_in_flight_at_once_on_one_thread(tmp_path: Path
                     assert isinstance(answer, pb.JobStatus) and answer.name == names[i], answer
     finally:
         server.stop(None).wait()
+
+
+def test_call_many_gives_up_on_a_stopped_peer_while_an_earlier_call_still_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node whose agent stopped answering fails its call once `stopped`
+    says so, whatever the calls before it in the order are doing (a long
+    dump on another node, say): a round does not wait for the others to end
+    before it notices.  `each` hears of every call as it ends, in the order
+    they end, on the caller's thread."""
+    import threading
+
+    import grpc
+
+    import ckptd.rpc
+    from ckptd.rpc import agent_stub, call_many
+    from ckptd.v1 import ckptd_pb2 as pb
+    from ckptd.v1 import ckptd_pb2_grpc as pb_grpc
+
+    monkeypatch.setattr(ckptd.rpc, "STOPPED_POLL_S", 0.1)
+    release = threading.Event()
+
+    class Agent(pb_grpc.AgentServicer):
+        def GetJob(self, request: pb.AgentJobRequest, context: grpc.ServicerContext) -> pb.JobStatus:
+            release.wait(20)  # both calls hang: "slow" until released, "frozen" for good
+            return pb.JobStatus(name=request.job)
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    pb_grpc.add_AgentServicer_to_server(Agent(), server)
+    sock = tmp_path / "agent.sock"
+    server.add_insecure_port(f"unix:{sock}")
+    server.start()
+    try:
+        stub = agent_stub(f"unix:{sock}")
+        calls = [(stub, "GetJob", pb.AgentJobRequest(job=name), 30.0, f"agent {name}") for name in ("slow", "frozen")]
+        asked: list[int] = []
+        ended: list[tuple[int, object]] = []
+        caller = threading.get_ident()
+
+        def stopped(i: int) -> str | None:
+            asked.append(i)
+            if i == 1 and len(asked) > 2:
+                return "agent frozen stopped sending heartbeats"
+            return None
+
+        def each(i: int, answer: object, when: tuple[float, float]) -> None:
+            assert threading.get_ident() == caller and 0 < when[0] <= when[1]
+            ended.append((i, answer))
+            if i == 1:
+                release.set()  # only now may the first call end
+
+        out = call_many(calls, stopped, each=each)
+        assert [i for i, _ in ended] == [1, 0], ended
+        assert isinstance(out[1], CkptdError) and out[1].code == Code.UNAVAILABLE, out[1]
+        assert "stopped sending heartbeats" in out[1].message
+        assert isinstance(out[0], pb.JobStatus) and out[0].name == "slow", out[0]
+    finally:
+        release.set()
+        server.stop(None).wait()
