@@ -66,7 +66,7 @@ from .lazy import LazyFill
 from .progress import Transfer, Transfers, resident_anon
 from .rollback import WorldRollback, check_recorded, check_written_files
 from .runtime import JobRuntime
-from .shim_link import ShimConnection
+from .shim_link import ShimConnection, ShimError
 
 log = logging.getLogger(__name__)
 
@@ -347,6 +347,8 @@ def restore_job(
             raise CkptdError(Code.FAILED_PRECONDITION, f"restart of job {job.name} from {name} failed: {reason}")
         # every segment is attached again: those removed while attached are removed again
         sysv_ipc.remove_destroyed(conns[0].host_pid, checkpoint)
+        if key is None:  # a sealed core.img is the agent's to open, not the shim's
+            adopt_images(conns, checkpoint, procs, [name, checkpoint.name] if job.spec.rank.job else [name])
         if lazy:
             fill = LazyFill(job.name, key=key)
             job.lazy = fill
@@ -367,6 +369,26 @@ def restore_job(
         return conns
     resume_restored(job, conns, name)
     return None
+
+
+def adopt_images(conns: list[ShimConnection], checkpoint: Path, procs: list[dict[str, Any]], parts: list[str]) -> None:
+    """Every restored process, still parked, takes the image it was rebuilt
+    from as its last one (ADOPT, native/shim/track.c): the restorer
+    write-protected its memory before anything ran in it, so the job's
+    first checkpoint after this restart stores only what changed since,
+    as any incremental one does, instead of every page again.  parts: the
+    checkpoint's directory relative to the job's (ckpt-N[/rank-R]).  Best
+    effort: a process that cannot (no userfaultfd here, CKPTD_TRACK=hash)
+    writes a full image next time, as before."""
+    dirs = {int(p["pid"]): str(p["dir"]) for p in procs}
+    for conn in conns:
+        pdir = dirs.get(conn.pid)
+        if pdir is None:
+            continue
+        try:
+            conn.request("ADOPT", timeout=10, core=str(checkpoint / pdir / "core.img"), image="/".join([*parts, pdir]))
+        except ShimError as e:
+            log.info("pid %d in the job: its next image is a full one: %s", conn.pid, e.message)
 
 
 def _after_lazy_resume(

@@ -15,6 +15,8 @@ says HELLO; the connection then carries request/reply lines:
     FLUSH                 ->  FLUSHED written=0|1    wait until the writer has finished pages.img
     DISCARD               ->  DISCARDED              kill the writer (a round aborted after RESUME)
     REBASE core= image=   ->  REBASED                take the runs of a deduplicated image
+    ADOPT core= image=    ->  ADOPTED                restored: take the image it came from as
+                                                    the last one (native/shim/track.c)
     TERM_HOLD | TERM_DELIVER  ->  TERM_OK            the decision on a held SIGTERM (below)
     PING                  ->  PONG
     any of them           ->  ERROR [retry=1] msg=TEXT   (retry: a passing state, try again:

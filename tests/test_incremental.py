@@ -81,6 +81,37 @@ def test_chain_of_ten_incrementals_and_shorter_chains(ckptd: Ckptd) -> None:
     assert restart_and_finish(c, "inc", "--from", str(infos[1]["id"])) == plain.stdout
 
 
+def test_the_first_checkpoint_after_a_restart_builds_on_the_one_it_came_from(ckptd: Ckptd) -> None:
+    """The restorer write-protects the memory it rebuilds before anything
+    runs in it and each restored process takes its image as its last one
+    (ADOPT, native/shim/track.c): the first checkpoint after a restart is
+    an incremental one on the checkpoint restored from, not a full one.  A
+    chain that spans two restarts restores the uninterrupted run's output
+    (its last line is the buffer's sha256: a stale page would show), from
+    its newest link and from each earlier one."""
+    c = ckptd
+    plain = run_plain(DIRTY)
+    c.launch("adopt", DIRTY, "--full-every", "16")
+    chain = checkpoints_at(c, "adopt", range(20, 21))  # the full one
+    for upto in (60, 100):
+        c.kill9("adopt")
+        c.ctl("restart", "adopt")  # from the newest: the chain's last link
+        chain += checkpoints_at(c, "adopt", range(upto - 20, upto + 1, 20))  # two after each restart
+    listed = {i["name"]: i for i in c.ctl_json("list", "adopt")}
+    full = listed[chain[0]["name"]]
+    assert full["parent"] == "" and full["size_bytes"] > 32 << 20
+    for prev, cur in itertools.pairwise(chain):
+        entry = listed[cur["name"]]
+        assert entry["parent"] == prev["name"], entry
+        assert chain[0]["name"] in entry["depends_on"], entry
+        # 20 steps of 1% of the buffer's pages and the interpreter's churn: far less than everything
+        assert entry["size_bytes"] < full["size_bytes"] * 0.45, entry
+        assert entry["logical_bytes"] > full["size_bytes"] * 0.9, entry
+    assert restart_and_finish(c, "adopt") == plain.stdout
+    for info in (chain[1], chain[3]):  # the first link after each restart
+        assert restart_and_finish(c, "adopt", "--from", str(info["id"])) == plain.stdout
+
+
 def test_small_incrementals_are_staged_and_restore(ckptd: Ckptd) -> None:
     """An incremental image small next to the process (here a few 0.25%
     steps of 256 MiB) is staged: copied aside while the job is parked and

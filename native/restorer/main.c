@@ -294,6 +294,8 @@ static void phase2(uint64_t core_addr)
     rst_unmap_all_but_hole();
     rst_restore_thp(&im);
     rst_map_image(&im);
+    /* before anything else runs in the restored memory */
+    rst.track_uffd = rst_track_arm(&im);
     ck_close(rst.pages_fd);
     for (uint64_t i = 0; i < im.nsources; i++)
         ck_close(rst.source_fd[i]);

@@ -106,6 +106,7 @@ struct rst_state {
     int lazy_uffd;               /* the userfaultfd they are registered with, or -1 */
     int serve_lazy;              /* this run is the pager: --serve-lazy DIR --uffd N */
     long fill_delay_ms;          /* pager: pause between background copies (tests) */
+    int track_uffd;              /* write protection on the restored memory (track.c), or -1 */
     /* the restore plan (plan.c) */
     char plan_path[1024];
     char status_dir[1024];
@@ -163,6 +164,8 @@ void rst_set_mm(const struct rst_image *im);
 
 /* lazy.c */
 int rst_vma_lazy(const struct rst_image *im, const struct ck_vma *v);
+/* track.c: write protection on the restored memory (for the shim's ADOPT) */
+int rst_track_arm(const struct rst_image *im);
 void rst_lazy_open(void);
 void rst_lazy_register(const struct ck_vma *v);
 void rst_serve_lazy(void) __attribute__((noreturn));

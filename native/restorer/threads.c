@@ -214,6 +214,7 @@ static void write_restart_info(const struct rst_image *im)
     ck_strlcpy(ri->agent_socket, rst.agent_socket, sizeof(ri->agent_socket));
     ck_strlcpy(ri->checkpoint_id, rst.checkpoint_id, sizeof(ri->checkpoint_id));
     ri->lazy_uffd = rst.lazy_uffd;
+    ri->track_uffd = rst.track_uffd;
 }
 
 void rst_restore_threads(const struct rst_image *im)

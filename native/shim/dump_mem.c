@@ -24,7 +24,7 @@
 #include "../common/sys.h"
 #include "../common/util.h"
 #include "../common/maps.h"
-#include "pagemap.h"
+#include "../common/pagemap.h"
 
 #include <errno.h>
 #include <sys/file.h>

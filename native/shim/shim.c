@@ -29,6 +29,10 @@
  *   agent -> shim   REBASE core= image=   -> REBASED | ERROR msg=
  *                   (the agent rewrote the last image, core.img at core=:
  *                   the next one refers to its pages where they are now)
+ *   agent -> shim   ADOPT core= image=    -> ADOPTED | ERROR msg=
+ *                   (restored, still parked: the image it came from, core.img
+ *                   at core=, named image= as DUMP names them, is its last
+ *                   one; the restorer protected its memory: track.c)
  *   agent -> shim   LAZY_DONE             -> LAZY_DONE  (restart --lazy: every page is back; fork() may go on)
  *   agent -> shim   PING                  -> PONG
  *   shim  -> agent  TERM tid= sender=     (unasked: a SIGTERM at its default disposition
@@ -300,7 +304,7 @@ static void finish_restore(void)
 {
     ck_wait_threads_arrived(ck_restart.nthreads);
     ck_term_restored();  /* a SIGTERM held in the image was the previous incarnation's */
-    ck_track_forget();
+    ck_track_restored(ck_restart.track_uffd);
     ck_shim.lazy_fd = ck_restart.lazy_uffd;
     ck_shim.lazy_pending = ck_shim.lazy_fd >= 0;
     if (ck_restart.hole_start && ck_restart.hole_len)
@@ -507,6 +511,14 @@ static void handle_command(char *line)
             reply_simple("REBASED");
         else
             reply_error("cannot take the rewritten image's page runs");
+    } else if (ck_startswith(line, "ADOPT")) {
+        static char core[4096], image[CK_SOURCE_PATH];
+        const char *c = msg_copy(line, "core", core, sizeof(core));
+        const char *i = msg_copy(line, "image", image, sizeof(image));
+        if (c && i && ck_track_adopt(c, i) == 0)
+            reply_simple("ADOPTED");
+        else
+            reply_error("cannot track the pages of the image this process was restored from");
     } else if (ck_startswith(line, "LAZY_DONE")) {
         __atomic_store_n(&ck_shim.lazy_pending, 0, __ATOMIC_RELEASE);
         ck_futex_wake_all(&ck_shim.lazy_pending);

@@ -188,6 +188,9 @@ const struct ck_page_run *ck_track_lookup(uint64_t vaddr, uint64_t *next) CK_HID
 uint32_t ck_track_source(struct ck_image *im, uint32_t prev_src) CK_HIDDEN;
 void ck_track_commit(struct ck_image *im, uint64_t pages_size) CK_HIDDEN;
 int ck_track_rebase(const char *core_path, const char *self) CK_HIDDEN;
+/* restored: the restorer's protection (its descriptor, or -1), then the image it came from */
+void ck_track_restored(int track_uffd) CK_HIDDEN;
+int ck_track_adopt(const char *core_path, const char *self) CK_HIDDEN;
 
 /* ---- writeout.c: pages written after the job resumes ---- */
 struct ck_iov {

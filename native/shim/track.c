@@ -16,8 +16,10 @@
  *   - a mapping without our registration: new since, or moved by mremap
  *     (which drops a registration without UFFD_FEATURE_EVENT_REMAP);
  *   - a page the previous image does not have;
- *   - a process that forked (the child's mappings lose the registration),
- *     exec'd or was restored (the table below starts empty again);
+ *   - a process that forked (the child's mappings lose the registration)
+ *     or exec'd (the table below starts empty again); a restored process
+ *     takes the image it came from (ck_track_adopt: the restorer
+ *     write-protected its memory before anything ran);
  *   - a parent other than the image written last (an aborted checkpoint,
  *     a restart from an older one): the agent names the parent it expects.
  *
@@ -35,30 +37,12 @@
 #include "../common/sys.h"
 #include "../common/util.h"
 #include "../common/maps.h"
-#include "pagemap.h"
+#include "../common/track_arm.h"
 
 #include <errno.h>
 #include <sys/ioctl.h>
 
-#define CK_UFFD_API 0xAAull
-#define CK_UFFD_FEATURE_WP_ASYNC (1ull << 15)
-#define CK_UFFD_USER_MODE_ONLY 1
-struct ck_uffdio_api {
-    uint64_t api, features, ioctls;
-};
-struct ck_uffdio_range {
-    uint64_t start, len;
-};
-struct ck_uffdio_register {
-    struct ck_uffdio_range range;
-    uint64_t mode, ioctls;
-};
-#define CK_UFFDIO_API _IOWR(0xAA, 0x3F, struct ck_uffdio_api)
-#define CK_UFFDIO_REGISTER _IOWR(0xAA, 0x00, struct ck_uffdio_register)
-#define CK_UFFDIO_REGISTER_MODE_WP 2
-
 #define MAX_RANGES 65536
-#define CK_TRACK_HIGH_FD 950
 
 struct range {
     uint64_t start, end;
@@ -106,24 +90,9 @@ static int open_uffd(void)
 {
     if (tr.uffd >= 0)
         return 0;
-    long fd = ck_sc1(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0)  /* vm.unprivileged_userfaultfd=0 and no CAP_SYS_PTRACE */
-        fd = ck_sc1(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK | CK_UFFD_USER_MODE_ONLY);
+    long fd = ck_track_uffd_open(0);
     if (fd < 0)
         return (int)fd;
-    struct ck_uffdio_api api = {CK_UFFD_API, CK_UFFD_FEATURE_WP_ASYNC, 0};
-    long rc = ck_ioctl((int)fd, CK_UFFDIO_API, &api);
-    if (rc < 0) {
-        ck_close((int)fd);
-        return (int)rc;
-    }
-    /* keep clear of the low descriptors: the job's own numbering stays as
-     * it would be without ckptd (the agent's socket lives up there too) */
-    long high = ck_fcntl((int)fd, F_DUPFD_CLOEXEC, CK_TRACK_HIGH_FD);
-    if (high >= 0) {
-        ck_close((int)fd);
-        fd = high;
-    }
     tr.uffd = (int)fd;
     tr.pid = (int32_t)ck_getpid();
     return 0;
@@ -325,27 +294,13 @@ uint32_t ck_track_source(struct ck_image *im, uint32_t prev_src)
 }
 
 /* Protect a mapping we copied in full; its written pages are reported from
- * now on.  Only the pages it has are protected (a walk with
- * PM_SCAN_WP_MATCHING): UFFDIO_WRITEPROTECT on the whole range would leave
- * uffd-wp markers in its holes, which PAGEMAP_SCAN reports as swapped pages,
- * and a hole written later is reported written anyway. */
+ * now on (common/track_arm.h).  One not fully protected is left out of
+ * the ranges: copied in full next time. */
 static void arm_range(int pagemap_fd, uint64_t start, uint64_t end)
 {
-    struct ck_uffdio_register reg = {{start, end - start}, CK_UFFDIO_REGISTER_MODE_WP, 0};
-    if (ck_ioctl(tr.uffd, CK_UFFDIO_REGISTER, &reg) < 0)
-        return;  /* not anonymous memory (a private file mapping, say): copied every time */
     static struct ck_page_region regions[256];
-    struct ck_pm_scan_arg a;
-    ck_pm_scan_present(&a, start, end, regions, sizeof(regions) / sizeof(regions[0]),
-                       CK_PAGE_IS_PRESENT | CK_PAGE_IS_SWAPPED);
-    a.flags = CK_PM_SCAN_WP_MATCHING | CK_PM_SCAN_CHECK_WPASYNC;
-    for (;;) {
-        if (ck_ioctl(pagemap_fd, CK_PAGEMAP_SCAN, &a) < 0)
-            return;  /* left out of the ranges: copied in full next time */
-        if (a.walk_end >= end)
-            break;
-        a.start = a.walk_end;
-    }
+    if (ck_track_arm_range(tr.uffd, pagemap_fd, start, end, regions, sizeof(regions) / sizeof(regions[0])) < 0)
+        return;
     if (tr.nranges < MAX_RANGES) {
         tr.ranges[tr.nranges].start = start;
         tr.ranges[tr.nranges].end = end;
@@ -439,12 +394,86 @@ static void commit_protection(struct ck_image *im)
         return;
     for (uint64_t i = 0; i < im->vmas.count; i++) {
         const struct ck_vma *v = ck_table_at(&im->vmas, i);
-        uint32_t f = v->flags;
-        if ((f & CK_VMA_ANON) && !(f & (CK_VMA_SHARED | CK_VMA_SHMEM | CK_VMA_NOCONTENT | CK_VMA_DELETED |
-                                        CK_VMA_VDSO | CK_VMA_VVAR | CK_VMA_TRACKED)))
+        if (ck_vma_trackable(v->flags) && !(v->flags & CK_VMA_TRACKED))
             arm_range(pagemap_fd, v->start, v->end);
     }
     ck_close(pagemap_fd);
+}
+
+/* A core.img read into the arena (reset it after use), its sections
+ * checked to lie inside the file. */
+struct core_file {
+    const char *buf;
+    const struct ck_header *h;
+    const struct ck_section *runs, *sources, *strings, *vmas;
+};
+
+static int read_core(const char *core_path, struct core_file *c)
+{
+    if (ck_arena_setup() < 0)
+        return -ENOMEM;
+    size_t cap = 64u << 20;
+    char *buf = ck_arena_alloc(cap);
+    if (!buf)
+        return -ENOMEM;
+    long n = ck_read_file(core_path, buf, cap);
+    if (n < 0)
+        return (int)n;
+    const struct ck_header *h = (const struct ck_header *)buf;
+    if ((size_t)n < sizeof(*h) || h->magic != CK_CORE_MAGIC || h->version != CK_CORE_VERSION ||
+        h->file_size != (uint64_t)n || h->nsections > CK_MAX_SECTIONS)
+        return -EINVAL;  /* not a plain core.img of this version (launch --encrypt seals it) */
+    ck_memset(c, 0, sizeof(*c));
+    c->buf = buf;
+    c->h = h;
+    for (uint32_t i = 0; i < h->nsections; i++) {
+        const struct ck_section *sec = &h->sections[i];
+        if (sec->offset > (uint64_t)n || sec->size > (uint64_t)n - sec->offset || sec->offset % 8)
+            return -EINVAL;
+        if (sec->type == CK_SEC_RUNS)
+            c->runs = sec;
+        else if (sec->type == CK_SEC_SOURCES)
+            c->sources = sec;
+        else if (sec->type == CK_SEC_STRINGS)
+            c->strings = sec;
+        else if (sec->type == CK_SEC_VMAS)
+            c->vmas = sec;
+    }
+    if (!c->runs || c->runs->size != c->runs->count * sizeof(struct ck_page_run) || c->runs->count > tr.cap)
+        return -EINVAL;
+    uint32_t nsrc = c->sources ? c->sources->count : 0;
+    if (nsrc > CK_MAX_SOURCES || (nsrc && (!c->strings || c->sources->size != nsrc * sizeof(struct ck_page_source))))
+        return -EINVAL;
+    const struct ck_page_source *s = nsrc ? (const struct ck_page_source *)(buf + c->sources->offset) : 0;
+    for (uint32_t i = 0; i < nsrc; i++)
+        if (s[i].path >= c->strings->size)
+            return -EINVAL;
+    return 0;
+}
+
+/* the core's runs and sources into the table (its page hashes, if any, are the caller's) */
+static void take_runs(const struct core_file *c)
+{
+    const struct ck_page_run *r = (const struct ck_page_run *)(c->buf + c->runs->offset);
+    ck_memcpy(tr.runs, r, c->runs->count * sizeof(struct ck_page_run));
+    tr.nruns = c->runs->count;
+    uint64_t first = 0;
+    for (uint64_t i = 0; i < tr.nruns; i++) {
+        tr.runs[i].pad = tr.hashed ? (uint32_t)first : 0;
+        first += tr.runs[i].npages;
+    }
+    uint32_t nsrc = c->sources ? c->sources->count : 0;
+    const struct ck_page_source *s = nsrc ? (const struct ck_page_source *)(c->buf + c->sources->offset) : 0;
+    const char *str = c->buf + (c->strings ? c->strings->offset : 0);
+    for (uint32_t i = 0; i < nsrc; i++) {
+        size_t left = c->strings->size - s[i].path, k = 0;
+        char *to = tr.sources[i];
+        for (; k < left && k + 1 < CK_SOURCE_PATH && str[s[i].path + k]; k++)
+            to[k] = str[s[i].path + k];
+        to[k] = 0;
+        tr.source_size[i] = s[i].size;
+    }
+    tr.nsources = nsrc;
 }
 
 /* The agent rewrote this process's last image after the dump (pages that
@@ -456,71 +485,87 @@ int ck_track_rebase(const char *core_path, const char *self)
 {
     if (!tr.valid || !self || ck_strcmp(self, tr.self) != 0)
         return -ESTALE;  /* not the image the table describes: nothing to do */
-    if (ck_arena_setup() < 0)
-        return -ENOMEM;
-    size_t cap = 64u << 20;
-    char *buf = ck_arena_alloc(cap);
-    if (!buf)
-        return -ENOMEM;
-    long n = ck_read_file(core_path, buf, cap);
-    int rc = -EINVAL;
-    const struct ck_header *h = (const struct ck_header *)buf;
-    if (n < 0) {
-        rc = (int)n;
-        goto out;
+    struct core_file c;
+    int rc = read_core(core_path, &c);
+    if (rc == 0) {
+        const struct ck_page_run *r = (const struct ck_page_run *)(c.buf + c.runs->offset);
+        uint64_t pages = 0, before = 0;
+        for (uint64_t i = 0; i < c.runs->count; i++)
+            pages += r[i].npages;
+        for (uint64_t i = 0; i < tr.nruns; i++)
+            before += tr.runs[i].npages;
+        if (pages == before)
+            take_runs(&c);
+        else
+            rc = -EINVAL;  /* not the same pages: keep what we have */
     }
-    if ((size_t)n < sizeof(*h) || h->magic != CK_CORE_MAGIC || h->version != CK_CORE_VERSION ||
-        h->file_size != (uint64_t)n || h->nsections > CK_MAX_SECTIONS)
-        goto out;
-    const struct ck_section *runs = 0, *sources = 0, *strings = 0;
-    for (uint32_t i = 0; i < h->nsections; i++) {
-        const struct ck_section *sec = &h->sections[i];
-        if (sec->offset > (uint64_t)n || sec->size > (uint64_t)n - sec->offset)
-            goto out;
-        if (sec->type == CK_SEC_RUNS)
-            runs = sec;
-        else if (sec->type == CK_SEC_SOURCES)
-            sources = sec;
-        else if (sec->type == CK_SEC_STRINGS)
-            strings = sec;
+    ck_arena_reset();
+    return rc;
+}
+
+/* Restored: the restorer's write protection (track_uffd, or -1), armed on
+ * the restored memory before anything ran (restorer/track.c).  The table
+ * is empty until the agent names the image (ck_track_adopt). */
+void ck_track_restored(int track_uffd)
+{
+    ck_track_forget();
+    if (track_uffd < 0)
+        return;
+    if (ck_shim.track_mode == CK_TRACK_OFF || ck_shim.track_mode == CK_TRACK_HASH || !still_ours(track_uffd)) {
+        ck_close(track_uffd);  /* not this process's way of tracking (CKPTD_TRACK) */
+        return;
     }
-    if (!runs || runs->size != runs->count * sizeof(struct ck_page_run) || runs->count > tr.cap ||
-        runs->offset % 8)
-        goto out;
-    uint32_t nsrc = sources ? sources->count : 0;
-    if (nsrc > CK_MAX_SOURCES || (nsrc && (!strings || sources->size != nsrc * sizeof(struct ck_page_source))))
-        goto out;
-    const struct ck_page_run *r = (const struct ck_page_run *)(buf + runs->offset);
-    uint64_t pages = 0, before = 0;
-    for (uint64_t i = 0; i < runs->count; i++)
-        pages += r[i].npages;
-    for (uint64_t i = 0; i < tr.nruns; i++)
-        before += tr.runs[i].npages;
-    if (pages != before)
-        goto out;  /* not the same pages: keep what we have */
-    const struct ck_page_source *s = nsrc ? (const struct ck_page_source *)(buf + sources->offset) : 0;
-    for (uint32_t i = 0; i < nsrc; i++)
-        if (s[i].path >= strings->size)
-            goto out;
-    ck_memcpy(tr.runs, r, runs->count * sizeof(struct ck_page_run));
-    tr.nruns = runs->count;
-    uint64_t first = 0;
-    for (uint64_t i = 0; i < tr.nruns; i++) {
-        tr.runs[i].pad = tr.hashed ? (uint32_t)first : 0;
-        first += tr.runs[i].npages;
+    tr.uffd = track_uffd;
+    tr.pid = (int32_t)ck_getpid();
+}
+
+/* The image this process was restored from (core_path; self: its name
+ * relative to the job's directory, "ckpt-N[/rank-R]/proc-P"), taken as if
+ * this process had just written it: its page runs and sources, and its
+ * trackable mappings, which the restorer protected before anything ran.
+ * A page unwritten since then holds what the image's runs hold, so the
+ * next image, with this one as its base, refers to it (an incremental
+ * one); every page written since, by the restorer's last steps, the shim
+ * or the job, reads as written and is copied.  Parked: nothing runs. */
+int ck_track_adopt(const char *core_path, const char *self)
+{
+    if (tr.uffd < 0 || tr.valid || tr.pid != (int32_t)ck_getpid())
+        return -ESTALE;  /* no protection from the restorer, or a table already */
+    if (!self || !self[0] || ck_strlen(self) >= CK_SOURCE_PATH || ensure_keep() < 0)
+        return -EINVAL;
+    const char *slash = self;
+    while (*slash && *slash != '/')
+        slash++;
+    if (!*slash || (size_t)(slash - self) >= sizeof(tr.ckpt))
+        return -EINVAL;
+    struct core_file c;
+    int rc = read_core(core_path, &c);
+    if (rc == 0 && (!c.vmas || c.vmas->size != c.vmas->count * sizeof(struct ck_vma)))
+        rc = -EINVAL;
+    if (rc == 0) {
+        tr.hashed = 0;
+        take_runs(&c);
+        /* the ranges the restorer registered; mappings the kernel merged
+         * since count as one (ck_track_registered asks for containment) */
+        const struct ck_vma *v = (const struct ck_vma *)(c.buf + c.vmas->offset);
+        tr.nranges = 0;
+        for (uint64_t i = 0; i < c.vmas->count; i++) {
+            if (!ck_vma_trackable(v[i].flags))
+                continue;
+            if (tr.nranges && tr.ranges[tr.nranges - 1].end == v[i].start)
+                tr.ranges[tr.nranges - 1].end = v[i].end;
+            else if (tr.nranges < MAX_RANGES) {
+                tr.ranges[tr.nranges].start = v[i].start;
+                tr.ranges[tr.nranges].end = v[i].end;
+                tr.nranges++;
+            }
+        }
+        ck_memcpy(tr.ckpt, self, (size_t)(slash - self));
+        tr.ckpt[slash - self] = 0;
+        copy_str(tr.self, sizeof(tr.self), self);
+        tr.pages_size = c.h->pages_size;
+        tr.valid = 1;
     }
-    const char *str = buf + (strings ? strings->offset : 0);
-    for (uint32_t i = 0; i < nsrc; i++) {
-        size_t left = strings->size - s[i].path, k = 0;
-        char *to = tr.sources[i];
-        for (; k < left && k + 1 < CK_SOURCE_PATH && str[s[i].path + k]; k++)
-            to[k] = str[s[i].path + k];
-        to[k] = 0;
-        tr.source_size[i] = s[i].size;
-    }
-    tr.nsources = nsrc;
-    rc = 0;
-out:
     ck_arena_reset();
     return rc;
 }

@@ -653,7 +653,10 @@ struct ck_restart_info {
     char agent_socket[108];
     char checkpoint_id[64];
     int32_t lazy_uffd;          /* restart --lazy: the userfaultfd the agent takes, else -1 */
-    uint32_t pad;
+    /* the restorer's write-protect userfaultfd, armed on the restored
+       memory before anything ran (common/track_arm.h), else -1: the shim
+       tracks the pages from there (ADOPT); a shim before it had padding here */
+    int32_t track_uffd;
 };
 
 #endif

@@ -2,10 +2,11 @@
  * The PAGEMAP_SCAN ioctl on /proc/self/pagemap (Linux 6.7+), spelled out
  * here because the build machine's kernel headers may predate it.  Used to
  * find the pages worth saving (dump_mem.c) and, with PM_SCAN_WP_MATCHING,
- * to write-protect them for dirty tracking (track.c).
+ * to write-protect them for dirty tracking (common/track_arm.h: the shim's
+ * track.c after a dump, the restorer's track.c after a restore).
  */
-#ifndef CKPTD_SHIM_PAGEMAP_H
-#define CKPTD_SHIM_PAGEMAP_H
+#ifndef CKPTD_COMMON_PAGEMAP_H
+#define CKPTD_COMMON_PAGEMAP_H
 
 #include <stdint.h>
 #include <sys/ioctl.h>
