@@ -347,8 +347,7 @@ def restore_job(
             raise CkptdError(Code.FAILED_PRECONDITION, f"restart of job {job.name} from {name} failed: {reason}")
         # every segment is attached again: those removed while attached are removed again
         sysv_ipc.remove_destroyed(conns[0].host_pid, checkpoint)
-        if key is None:  # a sealed core.img is the agent's to open, not the shim's
-            adopt_images(conns, checkpoint, procs, [name, checkpoint.name] if job.spec.rank.job else [name])
+        adopt_images(conns, checkpoint, procs, [name, checkpoint.name] if job.spec.rank.job else [name])
         if lazy:
             fill = LazyFill(job.name, key=key)
             job.lazy = fill

@@ -154,8 +154,16 @@ def test_encrypted_job_round_trips_and_leaks_nothing(ckptd: Ckptd, tmp_path: Pat
     assert pids_and_files(c, "enc", out) == before
     (tmp_path / "key").chmod(0o600)
 
-    # eager, from the incremental one: the output of a run never interrupted,
-    # the file the job writes rolled back and finished alike
+    # eager, from the incremental one; the first checkpoint after that restart
+    # builds on it (ADOPT: tests/test_incremental.py), sealed as well
+    c.ctl("restart", "enc")
+    c.wait_log("enc", r"^step 80 ")
+    after = c.checkpoint("enc")
+    assert after["parent"] == inc["name"], after
+    assert not plaintext_in(job_dir / after["name"], [MARKER])
+    # from it: the output of a run never interrupted, the file the job
+    # writes rolled back and finished alike
+    c.kill9("enc")
     c.ctl("restart", "enc")
     assert c.wait("enc") == 0
     assert c.log("enc", "stdout") == plain.stdout

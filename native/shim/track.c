@@ -422,7 +422,7 @@ static int read_core(const char *core_path, struct core_file *c)
     const struct ck_header *h = (const struct ck_header *)buf;
     if ((size_t)n < sizeof(*h) || h->magic != CK_CORE_MAGIC || h->version != CK_CORE_VERSION ||
         h->file_size != (uint64_t)n || h->nsections > CK_MAX_SECTIONS)
-        return -EINVAL;  /* not a plain core.img of this version (launch --encrypt seals it) */
+        return -EINVAL;  /* not a core.img of this version */
     ck_memset(c, 0, sizeof(*c));
     c->buf = buf;
     c->h = h;
