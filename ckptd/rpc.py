@@ -194,9 +194,8 @@ def call_many(
     stamps: list[list[float]] = []
     for stub, method, request, timeout, what in calls:
         stamp = [0.0, 0.0]
-        pending[asyncio.run_coroutine_threadsafe(bounded(stub.address, method, request, timeout, stamp), loop)] = len(
-            whats
-        )
+        future = asyncio.run_coroutine_threadsafe(bounded(stub.address, method, request, timeout, stamp), loop)
+        pending[future] = len(whats)
         whats.append(what)
         stamps.append(stamp)
     out: list[Any] = [None] * len(whats)

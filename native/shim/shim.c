@@ -503,22 +503,18 @@ static void handle_command(char *line)
     } else if (ck_startswith(line, "DISCARD")) {
         ck_writeout_discard();
         reply_simple("DISCARDED");
-    } else if (ck_startswith(line, "REBASE")) {
+    } else if (ck_startswith(line, "REBASE") || ck_startswith(line, "ADOPT")) {
+        /* an image's core.img to take the page runs of (track.c): the last
+         * one, rewritten (REBASE); the one a restored process came from (ADOPT) */
         static char core[4096], image[CK_SOURCE_PATH];
+        int adopt = ck_startswith(line, "ADOPT");
         const char *c = msg_copy(line, "core", core, sizeof(core));
         const char *i = msg_copy(line, "image", image, sizeof(image));
-        if (c && i && ck_track_rebase(c, i) == 0)
-            reply_simple("REBASED");
+        if (c && i && (adopt ? ck_track_adopt(c, i) : ck_track_rebase(c, i)) == 0)
+            reply_simple(adopt ? "ADOPTED" : "REBASED");
         else
-            reply_error("cannot take the rewritten image's page runs");
-    } else if (ck_startswith(line, "ADOPT")) {
-        static char core[4096], image[CK_SOURCE_PATH];
-        const char *c = msg_copy(line, "core", core, sizeof(core));
-        const char *i = msg_copy(line, "image", image, sizeof(image));
-        if (c && i && ck_track_adopt(c, i) == 0)
-            reply_simple("ADOPTED");
-        else
-            reply_error("cannot track the pages of the image this process was restored from");
+            reply_error(adopt ? "cannot track the pages of the image this process was restored from"
+                              : "cannot take the rewritten image's page runs");
     } else if (ck_startswith(line, "LAZY_DONE")) {
         __atomic_store_n(&ck_shim.lazy_pending, 0, __ATOMIC_RELEASE);
         ck_futex_wake_all(&ck_shim.lazy_pending);

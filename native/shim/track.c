@@ -428,7 +428,7 @@ static int read_core(const char *core_path, struct core_file *c)
     c->h = h;
     for (uint32_t i = 0; i < h->nsections; i++) {
         const struct ck_section *sec = &h->sections[i];
-        if (sec->offset > (uint64_t)n || sec->size > (uint64_t)n - sec->offset || sec->offset % 8)
+        if (sec->offset > (uint64_t)n || sec->size > (uint64_t)n - sec->offset)
             return -EINVAL;
         if (sec->type == CK_SEC_RUNS)
             c->runs = sec;
@@ -439,8 +439,9 @@ static int read_core(const char *core_path, struct core_file *c)
         else if (sec->type == CK_SEC_VMAS)
             c->vmas = sec;
     }
-    if (!c->runs || c->runs->size != c->runs->count * sizeof(struct ck_page_run) || c->runs->count > tr.cap)
-        return -EINVAL;
+    if (!c->runs || c->runs->size != c->runs->count * sizeof(struct ck_page_run) || c->runs->count > tr.cap ||
+        c->runs->offset % 8 || (c->vmas && c->vmas->offset % 8))
+        return -EINVAL;  /* read in place as the records they hold */
     uint32_t nsrc = c->sources ? c->sources->count : 0;
     if (nsrc > CK_MAX_SOURCES || (nsrc && (!c->strings || c->sources->size != nsrc * sizeof(struct ck_page_source))))
         return -EINVAL;
