@@ -57,7 +57,7 @@ import xxhash
 from ckptd import faults
 from ckptd.errors import CkptdError, Code
 from ckptd.image.checksum import ALGORITHM
-from ckptd.image.manifest import Chain, Manifest, Phase, RankEntry, RankPart, Sizes, write_manifest
+from ckptd.image.manifest import Chain, Manifest, Phase, RankEntry, RankPart, Sizes, load_manifest, write_manifest
 from ckptd.jobstate import JobState
 from ckptd.rpc import AgentStub, call_many
 from ckptd.v1 import ckptd_pb2 as pb
@@ -332,6 +332,7 @@ class CheckpointRound:
             self.catalog.discard(tmp)
             raise
         record.in_flight = None
+        record.restored_from = ""  # the shims track this one now
         if self.then_stop:
             self._stop(stubs, final.name)
         spec = record.spec
@@ -349,11 +350,21 @@ class CheckpointRound:
         return info
 
     def _parent(self) -> tuple[str, int]:
-        """The newest committed checkpoint and its chain depth, or ("", 0)
-        when the next checkpoint should be a full one."""
+        """The checkpoint the next one builds on and its chain depth, or
+        ("", 0) when the next checkpoint should be a full one: the newest
+        committed one, or the one the job was restarted from since (an
+        older one, `restart --from`), whose images its shims track.  Under
+        the job's lock, which a prune also takes: it is not removed before
+        this round has committed, and then the round depends on it."""
         record = self.record
         full_every = record.spec.full_every or DEFAULT_FULL_EVERY
         newest = self.catalog.newest(record.job_dir)
+        if record.restored_from and newest is not None and newest[0] != record.restored_from:
+            try:
+                newest = record.restored_from, load_manifest(record.job_dir.path / record.restored_from)
+            except CkptdError as e:  # gone since (removed by hand): a full one
+                log.warning("job %s: %s", record.name, e.message)
+                return "", 0
         if newest is None or newest[1] is None or full_every <= 1:
             return "", 0
         chain = newest[1].get("chain") or {}

@@ -99,6 +99,10 @@ class JobRecord:
     auto_restarts: int = 0  # done by the AutoRestarter (--max-restarts)
     gave_up: bool = False  # it reached --max-restarts
     in_flight: pb.CheckpointInfo | None = None  # the round being written, until it commits or is discarded
+    # the checkpoint the job's processes were last rebuilt from, until the
+    # next one commits: their shims track its pages (ADOPT), so the next
+    # checkpoint builds on it, the newest or not (CheckpointRound._parent)
+    restored_from: str = ""
 
     def targets(self) -> list[Target]:
         if self.ranks:

@@ -138,6 +138,7 @@ def restart_job(
                     f"job {record.name} has {len(record.ranks)} ranks; --lazy restarts single-node jobs only",
                 )
             status = _restart_ranks(record, registry, nodes, checkpoint, request)
+            record.restored_from = checkpoint.name
             return pb.RestartResponse(status=status, checkpoint=checkpoint, duration_s=time.monotonic() - t0)
         if not request.node and request.placement:
             request.node = request.placement[0]
@@ -161,6 +162,7 @@ def restart_job(
         )
         registry.update(record, status, node.name)
         registry.save(record)
+        record.restored_from = checkpoint.name
         return pb.RestartResponse(status=status, checkpoint=checkpoint, duration_s=time.monotonic() - t0)
     finally:
         with registry.lock:

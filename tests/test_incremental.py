@@ -88,7 +88,8 @@ def test_the_first_checkpoint_after_a_restart_builds_on_the_one_it_came_from(ckp
     an incremental one on the checkpoint restored from, not a full one.  A
     chain that spans two restarts restores the uninterrupted run's output
     (its last line is the buffer's sha256: a stale page would show), from
-    its newest link and from each earlier one."""
+    its newest link and from each earlier one.  Restarted from an older
+    link than the newest, the next checkpoint builds on that link."""
     c = ckptd
     plain = run_plain(DIRTY)
     c.launch("adopt", DIRTY, "--full-every", "16")
@@ -107,7 +108,14 @@ def test_the_first_checkpoint_after_a_restart_builds_on_the_one_it_came_from(ckp
         # 20 steps of 1% of the buffer's pages and the interpreter's churn: far less than everything
         assert entry["size_bytes"] < full["size_bytes"] * 0.45, entry
         assert entry["logical_bytes"] > full["size_bytes"] * 0.9, entry
-    assert restart_and_finish(c, "adopt") == plain.stdout
+    # from an older link (the first after the first restart): the next one builds on it, not on the newest
+    c.kill9("adopt")
+    c.ctl("restart", "adopt", "--from", str(chain[1]["id"]))
+    (older,) = checkpoints_at(c, "adopt", range(60, 61))  # the log was cut back to the link's step
+    entry = {i["name"]: i for i in c.ctl_json("list", "adopt")}[older["name"]]
+    assert entry["parent"] == chain[1]["name"], entry
+    assert entry["size_bytes"] < full["size_bytes"] * 0.45 < full["size_bytes"] * 0.9 < entry["logical_bytes"], entry
+    assert restart_and_finish(c, "adopt") == plain.stdout  # from it
     for info in (chain[1], chain[3]):  # the first link after each restart
         assert restart_and_finish(c, "adopt", "--from", str(info["id"])) == plain.stdout
 
